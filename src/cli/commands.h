@@ -1,0 +1,11 @@
+// Each `tessera` subcommand lives in its own cmd_*.cc and registers itself here.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace tessera::cli {
+
+void add_inspect_command(CLI::App& app);
+void add_synth_command(CLI::App& app);
+void add_dump_command(CLI::App& app);
+
+}  // namespace tessera::cli

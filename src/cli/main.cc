@@ -1,0 +1,31 @@
+// tessera: deploy decoder-only LLMs onto spatial NPUs and the host CPU, gated by an FP32 oracle.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "cli/commands.h"
+#include "util/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessera: deploy decoder-only LLMs onto spatial NPUs and the host CPU,\n"
+               "every step checked against an FP32 oracle."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "tessera 0.1.0");
+  tessera::cli::add_inspect_command(app);
+  tessera::cli::add_synth_command(app);
+  tessera::cli::add_dump_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const tessera::Error& e) {
+    fmt::print(stderr, "tessera: error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "tessera: internal error: {}\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,55 @@
+// The FP32 oracle: a plain forward pass with Hugging Face transformers' semantics. Weights
+// stay in their file dtype and are upcast row by row as they are used, so a 4B model never
+// needs an FP32 copy. Every kernel output of every layer is a named probe point.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "io/weights.h"
+
+namespace tessera {
+
+enum class ProbeLevel {
+  None,
+  Layers,  // layers.{i}.out, final_norm, logits
+  All,     // every kernel output: see probe_names()
+};
+
+// Receives a probe's value: `rows` positions by `cols` values, row-major fp32.
+using ProbeFn = std::function<void(const std::string& name, const float* data, int64_t rows, int64_t cols)>;
+
+// The per-layer probe suffixes in execution order ("attn_norm", "q", ..., "out").
+const std::vector<std::string>& layer_probe_suffixes();
+
+class Oracle {
+ public:
+  explicit Oracle(const Model& model, int threads = 0);  // 0: default_threads()
+
+  // Runs `ids` at the next positions, appends their keys and values to the KV cache, and
+  // returns logits for every position ([T, vocab]) or only the last ([1, vocab]).
+  std::vector<float> forward(std::span<const int32_t> ids, bool all_logits = true,
+                             const ProbeFn& probe = {}, ProbeLevel level = ProbeLevel::None);
+
+  int64_t position() const { return position_; }
+  void reset();
+  const ModelSpec& spec() const { return model_.spec(); }
+
+ private:
+  struct Layer {
+    const Weight *q, *k, *v, *o, *gate, *up, *down;
+    std::vector<float> attn_norm, mlp_norm, q_norm, k_norm;
+    std::vector<float> q_bias, k_bias, v_bias, o_bias, gate_bias, up_bias, down_bias;
+    std::vector<float> k_cache, v_cache;  // [positions, kv_dim]
+  };
+  const Model& model_;
+  int threads_;
+  int64_t position_ = 0;
+  std::vector<Layer> layers_;
+  std::vector<float> final_norm_;
+  std::vector<float> inv_freq_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,77 @@
+// Shared helpers for the test suite: scratch directories and running the tessera binary.
+#pragma once
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+
+namespace tessera::testing_support {
+
+namespace fs = std::filesystem;
+
+// A fresh directory under the test temp dir, removed when the object dies.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& tag) {
+    static std::atomic<int> counter{0};
+    path_ = fs::path(::testing::TempDir()) /
+            ("tessera_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+  std::string str(const std::string& child = "") const { return child.empty() ? path_.string() : (path_ / child).string(); }
+
+ private:
+  fs::path path_;
+};
+
+inline std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline void write_file(const fs::path& p, const std::string& bytes) {
+  std::ofstream out(p, std::ios::binary);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs `tessera ARGS` with stdout and stderr captured separately.
+inline CliResult run_tessera(const std::string& args) {
+  static std::atomic<int> counter{0};
+  const fs::path base = fs::path(::testing::TempDir()) /
+                        ("tessera_cli_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+  const std::string cmd = std::string(TESSERA_BINARY) + " " + args + " >" + base.string() + ".out 2>" +
+                          base.string() + ".err";
+  const int status = std::system(cmd.c_str());
+  CliResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(base.string() + ".out");
+  r.err = slurp(base.string() + ".err");
+  fs::remove(base.string() + ".out");
+  fs::remove(base.string() + ".err");
+  return r;
+}
+
+inline std::string shared_dir() { return TESSERA_SHARED_DIR; }
+inline std::string default_gguf() { return std::string(TESSERA_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf"; }
+
+}  // namespace tessera::testing_support
