@@ -57,6 +57,8 @@ PY
   mv "$tmp" "$MODEL"
 }
 
+"$ROOT/scripts/install_deps.sh"
+
 mkdir -p models
 if [[ -f "$MODEL" && "$(sha256_of "$MODEL")" == "$MODEL_SHA256" ]]; then
   say "model present: $MODEL (sha256 ok)"

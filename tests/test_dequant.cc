@@ -13,12 +13,12 @@
 namespace tessera {
 namespace {
 
-constexpr uint16_t kF16Half = 0x3800;     // 0.5
-constexpr uint16_t kF16Quarter = 0x3400;  // 0.25
-constexpr uint16_t kF16Third = 0x3555;    // 1365/4096 = 0.333251953125
+constexpr uint16_t kF16Half = 0x3800;             // 0.5
+constexpr uint16_t kF16Quarter = 0x3400;          // 0.25
+constexpr uint16_t kF16Third = 0x3555;            // 1365/4096 = 0.333251953125
 constexpr uint16_t kF16MinusOneAndHalf = 0xBE00;  // -1.5
-constexpr uint16_t kF16Tiny = 0x0001;     // 2^-24, the smallest subnormal
-constexpr uint16_t kF16_1024 = 0x6400;    // 1024
+constexpr uint16_t kF16Tiny = 0x0001;             // 2^-24, the smallest subnormal
+constexpr uint16_t kF16_1024 = 0x6400;            // 1024
 
 void put_u16(std::vector<uint8_t>& b, uint16_t v) {
   b.push_back(uint8_t(v & 0xFF));
@@ -97,8 +97,8 @@ TEST(Dequant, Q4_0Block) {
     EXPECT_EQ(v[j], 0.5f * float(j - 8)) << j;
     EXPECT_EQ(v[j + 16], 0.5f * float((15 - j) - 8)) << j;
   }
-  EXPECT_EQ(v[0], -4.0f);   // nibble 0 -> -8 * 0.5
-  EXPECT_EQ(v[15], 3.5f);   // nibble 15 -> 7 * 0.5
+  EXPECT_EQ(v[0], -4.0f);  // nibble 0 -> -8 * 0.5
+  EXPECT_EQ(v[15], 3.5f);  // nibble 15 -> 7 * 0.5
   EXPECT_EQ(v[16], 3.5f);
   EXPECT_EQ(v[31], -4.0f);
 }
@@ -148,10 +148,10 @@ TEST(Dequant, F16Specials) {
   const Case cases[] = {
       {0x3C00, 1.0f},
       {0xC000, -2.0f},
-      {0x7BFF, 65504.0f},                     // largest finite
-      {0x0400, std::ldexp(1.0f, -14)},        // smallest normal
-      {0x0001, std::ldexp(1.0f, -24)},        // smallest subnormal
-      {0x03FF, std::ldexp(1023.0f, -24)},     // largest subnormal
+      {0x7BFF, 65504.0f},                  // largest finite
+      {0x0400, std::ldexp(1.0f, -14)},     // smallest normal
+      {0x0001, std::ldexp(1.0f, -24)},     // smallest subnormal
+      {0x03FF, std::ldexp(1023.0f, -24)},  // largest subnormal
       {0x8001, -std::ldexp(1.0f, -24)},
       {0x7C00, INFINITY},
       {0xFC00, -INFINITY},
@@ -187,8 +187,8 @@ TEST(Dequant, BF16Conversions) {
 TEST(Dequant, BF16RoundsToNearestEven) {
   const float ulp = std::ldexp(1.0f, -7);  // bf16 spacing in [1, 2)
   EXPECT_EQ(f32_to_bf16(1.0f), 0x3F80);
-  EXPECT_EQ(f32_to_bf16(1.0f + ulp / 2), 0x3F80);          // tie, 0x3F80 is even
-  EXPECT_EQ(f32_to_bf16(1.0f + 3 * ulp / 2), 0x3F82);      // tie, rounds up to even
+  EXPECT_EQ(f32_to_bf16(1.0f + ulp / 2), 0x3F80);                          // tie, 0x3F80 is even
+  EXPECT_EQ(f32_to_bf16(1.0f + 3 * ulp / 2), 0x3F82);                      // tie, rounds up to even
   EXPECT_EQ(f32_to_bf16(1.0f + ulp / 2 + std::ldexp(1.0f, -20)), 0x3F81);  // past the tie
   EXPECT_EQ(f32_to_bf16(1.0f + ulp / 2 - std::ldexp(1.0f, -20)), 0x3F80);  // short of it
   EXPECT_EQ(f32_to_bf16(-1.0f - 3 * ulp / 2), 0xBF82);

@@ -114,9 +114,9 @@ struct TensorCase {
 TEST(Gguf, RoundTrip) {
   TempFile tmp;
   const std::vector<TensorCase> cases = {
-      {"f32", DType::F32, {3, 5}},        {"f16", DType::F16, {7}},
-      {"bf16", DType::BF16, {2, 3, 4}},   {"q8_0", DType::Q8_0, {3, 64}},
-      {"q4_0", DType::Q4_0, {2, 32}},     {"q4_1", DType::Q4_1, {1, 2, 96}},
+      {"f32", DType::F32, {3, 5}},      {"f16", DType::F16, {7}},
+      {"bf16", DType::BF16, {2, 3, 4}}, {"q8_0", DType::Q8_0, {3, 64}},
+      {"q4_0", DType::Q4_0, {2, 32}},   {"q4_1", DType::Q4_1, {1, 2, 96}},
       {"empty", DType::F32, {0, 4}},
   };
   std::vector<std::vector<uint8_t>> data;
@@ -255,16 +255,16 @@ TEST(Gguf, WriterChecks) {
   {
     GgufWriter w(tmp.path());
     w.add_u32("a", 1);
-    EXPECT_THROW(w.add_u32("a", 2), Error);                           // duplicate key
-    EXPECT_THROW(w.add_array("b", Type::U8, {256}), Error);           // out of range
-    EXPECT_THROW(w.add_array("b", Type::I32, {0.5}), Error);          // not integral
-    EXPECT_THROW(w.add_u32("general.alignment", 48), Error);          // not a power of two
-    EXPECT_THROW(w.add_u64("general.alignment", 64), Error);          // not a u32
-    EXPECT_THROW(w.add_tensor("q", DType::Q4_0, {2, 16}), Error);     // partial block
+    EXPECT_THROW(w.add_u32("a", 2), Error);                        // duplicate key
+    EXPECT_THROW(w.add_array("b", Type::U8, {256}), Error);        // out of range
+    EXPECT_THROW(w.add_array("b", Type::I32, {0.5}), Error);       // not integral
+    EXPECT_THROW(w.add_u32("general.alignment", 48), Error);       // not a power of two
+    EXPECT_THROW(w.add_u64("general.alignment", 64), Error);       // not a u32
+    EXPECT_THROW(w.add_tensor("q", DType::Q4_0, {2, 16}), Error);  // partial block
     w.add_tensor("t", DType::F32, {2});
-    EXPECT_THROW(w.add_tensor("t", DType::F32, {2}), Error);          // duplicate tensor
+    EXPECT_THROW(w.add_tensor("t", DType::F32, {2}), Error);  // duplicate tensor
     const float v[2] = {1, 2};
-    EXPECT_THROW(w.write("t", v, 4), Error);                          // wrong size
+    EXPECT_THROW(w.write("t", v, 4), Error);  // wrong size
     w.write("t", v, 8);
     EXPECT_THROW(w.add_u8("late", 1), Error);  // header already on disk
     w.close();
@@ -416,8 +416,9 @@ TEST(Gguf, TensorDataPastTheEnd) {
   TempFile tmp;
   write_small(tmp.path());
   truncate_by(tmp.path(), 1);
-  expect_open_error(tmp.path(), "tensor 'blk.0.attn_q.weight' data (offset 0, 32 bytes) runs past "
-                                "the end of the file");
+  expect_open_error(tmp.path(),
+                    "tensor 'blk.0.attn_q.weight' data (offset 0, 32 bytes) runs past "
+                    "the end of the file");
 
   write_small(tmp.path());
   patch<uint64_t>(tmp.path(), tensor_offset_field(tmp.path(), "blk.0.attn_q.weight", 2),
@@ -571,7 +572,8 @@ TEST(Gguf, SurvivesRandomCorruption) {
 
 // The shipped default model, when present: a real Q4_1 file from llama.cpp's converter.
 TEST(Gguf, OpensSmolLM2WhenPresent) {
-  const std::string path = std::string(TESSERA_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  const std::string path =
+      std::string(TESSERA_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   if (!fs::exists(path)) GTEST_SKIP() << path << " not present";
   const GgufFile g = GgufFile::open(path);
   EXPECT_EQ(g.get("general.architecture").as_string(), "llama");

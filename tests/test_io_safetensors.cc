@@ -23,9 +23,8 @@ class TempFile {
  public:
   TempFile() {
     static std::atomic<int> counter{0};
-    path_ = (fs::path(testing::TempDir()) /
-             ("tessera_st_" + std::to_string(getpid()) + "_" + std::to_string(counter++) +
-              ".safetensors"))
+    path_ = (fs::path(testing::TempDir()) / ("tessera_st_" + std::to_string(getpid()) + "_" +
+                                             std::to_string(counter++) + ".safetensors"))
                 .string();
   }
   ~TempFile() {
@@ -84,8 +83,8 @@ TEST(Safetensors, RoundTrip) {
       {"scalar", DType::F32, {}},
       {"empty", DType::F16, {0, 5}},
   };
-  const std::vector<std::vector<uint8_t>> data = {pattern(24, 1), pattern(12, 2), pattern(24, 3),
-                                                  pattern(4, 4), {}};
+  const std::vector<std::vector<uint8_t>> data = {
+      pattern(24, 1), pattern(12, 2), pattern(24, 3), pattern(4, 4), {}};
   {
     SafetensorsWriter w(tmp.path(), entries, {{"format", "pt"}, {"note", "héllo"}});
     for (size_t i = 0; i < entries.size(); ++i) {
@@ -160,8 +159,8 @@ TEST(Safetensors, WritesTensorsInParts) {
   {
     SafetensorsWriter w(tmp.path(), {{"a", DType::F32, {2, 4}}, {"b", DType::F16, {4}}});
     w.write_part("a", bytes.data(), 12);
-    EXPECT_THROW(w.write("a", bytes.data(), 32), Error);          // already begun in parts
-    EXPECT_THROW(w.write_part("a", bytes.data(), 24), Error);     // 12 + 24 > 32
+    EXPECT_THROW(w.write("a", bytes.data(), 32), Error);       // already begun in parts
+    EXPECT_THROW(w.write_part("a", bytes.data(), 24), Error);  // 12 + 24 > 32
     w.write_part("a", bytes.data() + 12, 0);
     w.write_part("a", bytes.data() + 12, 20);
     w.write_part("b", bytes.data() + 32, 8);
@@ -220,8 +219,7 @@ TEST(Safetensors, UnknownAndUnsupportedDtypes) {
 
 TEST(Safetensors, BadShapes) {
   TempFile tmp;
-  write_raw(tmp.path(), R"({"t": {"dtype": "F32", "shape": [2, -3], "data_offsets": [0, 8]}})",
-            8);
+  write_raw(tmp.path(), R"({"t": {"dtype": "F32", "shape": [2, -3], "data_offsets": [0, 8]}})", 8);
   expect_open_error(tmp.path(), "negative dimension -3");
   write_raw(tmp.path(), R"({"t": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})", 8);
   expect_open_error(tmp.path(), "non-integer dimension");
@@ -237,9 +235,10 @@ TEST(Safetensors, BadOffsets) {
   expect_open_error(tmp.path(), "begin 8 > end 0");
   write_raw(tmp.path(), R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 4);
   expect_open_error(tmp.path(), "past the end of the data region");
-  write_raw(tmp.path(),
-            R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [18446744073709551608, 18446744073709551615]}})",
-            8);
+  write_raw(
+      tmp.path(),
+      R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [18446744073709551608, 18446744073709551615]}})",
+      8);
   expect_open_error(tmp.path(), "past the end of the data region");
   write_raw(tmp.path(), R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 12]}})", 12);
   expect_open_error(tmp.path(), "holds 12 bytes but shape [2] of F32 needs 8");

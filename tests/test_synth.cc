@@ -20,6 +20,7 @@
 
 #include "io/gguf.h"
 #include "io/safetensors.h"
+#include "io/weights.h"
 #include "model/default_model.h"
 #include "model/presets.h"
 #include "model/spec.h"
@@ -324,6 +325,31 @@ TEST(Synth, TinyQwen3Directory) {
   EXPECT_EQ(marker["seed"], 0);
   EXPECT_EQ(marker["complete"], true);
   EXPECT_TRUE(marker.contains("tessera_version"));
+}
+
+TEST(Synth, OpensAsModelShardedOrNot) {
+  // tessera's own loader reads the directory back, with the same spec.
+  TempDir dir("open");
+  synth(tiny_opts("Qwen3-0.6B", dir, 2));
+  const Model m = Model::open(dir.str());
+  const ModelSpec& spec = find_preset("Qwen3-0.6B").tiny;
+  EXPECT_EQ(m.format(), "safetensors");
+  EXPECT_EQ(m.spec().q_dim(), spec.q_dim());
+  EXPECT_EQ(m.spec().n_layers, spec.n_layers);
+  EXPECT_TRUE(m.spec().qk_norm);
+  EXPECT_EQ(m.weights().size(), expected_tensors(spec).size());
+  EXPECT_EQ(m.lm_head().name, "model.embed_tokens.weight");
+  // Re-shard the same weights and open again: the index path.
+  for (const auto& e : fs::directory_iterator(dir.path()))
+    if (e.path().extension() == ".safetensors") fs::remove(e.path());
+  write_synth_weights(spec, dir.str(), 2, {}, 8 << 20);
+  ASSERT_TRUE(fs::exists(dir.path() / "model.safetensors.index.json"));
+  const Model sharded = Model::open(dir.str());
+  EXPECT_EQ(sharded.weights().size(), expected_tensors(spec).size());
+  std::vector<float> a(size_t(spec.intermediate)), b(size_t(spec.intermediate));  // a down_proj row
+  m.get("model.layers.2.mlp.down_proj.weight").row_f32(7, a.data());
+  sharded.get("model.layers.2.mlp.down_proj.weight").row_f32(7, b.data());
+  EXPECT_EQ(a, b);
 }
 
 TEST(Synth, TinyLlamaConfigKeepsRopeScaling) {

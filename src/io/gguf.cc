@@ -27,10 +27,18 @@ constexpr uint64_t kReserveCap = 1 << 20;     // never trust a count for more up
 // Bytes of one scalar of type t; 8 for a string (its length prefix, at least).
 uint64_t min_value_bytes(Type t) {
   switch (t) {
-    case Type::U8: case Type::I8: case Type::BOOL: return 1;
-    case Type::U16: case Type::I16: return 2;
-    case Type::U32: case Type::I32: case Type::F32: return 4;
-    case Type::U64: case Type::I64: case Type::F64: case Type::STRING: return 8;
+    case Type::U8:
+    case Type::I8:
+    case Type::BOOL: return 1;
+    case Type::U16:
+    case Type::I16: return 2;
+    case Type::U32:
+    case Type::I32:
+    case Type::F32: return 4;
+    case Type::U64:
+    case Type::I64:
+    case Type::F64:
+    case Type::STRING: return 8;
     case Type::ARRAY: return 12;  // element type + count
   }
   return 1;
@@ -110,7 +118,9 @@ double scalar_as_number(const GgufValue& v) {
 GgufValue read_value(Cursor& c, const std::string& path, const std::string& key) {
   const std::string what = fmt::format("metadata '{}'", key);
   const uint32_t type = c.get<uint32_t>(what);
-  if (!is_valid_value_type(type)) fail("{}: metadata '{}' has unknown value type {}", path, key, type);
+  if (!is_valid_value_type(type)) {
+    fail("{}: metadata '{}' has unknown value type {}", path, key, type);
+  }
   GgufValue v;
   v.type = Type(type);
   if (v.type != Type::ARRAY) {
@@ -122,7 +132,9 @@ GgufValue read_value(Cursor& c, const std::string& path, const std::string& key)
   if (!is_valid_value_type(elem)) {
     fail("{}: metadata '{}' is an array of unknown value type {}", path, key, elem);
   }
-  if (Type(elem) == Type::ARRAY) fail("{}: metadata '{}' is a nested array (not supported)", path, key);
+  if (Type(elem) == Type::ARRAY) {
+    fail("{}: metadata '{}' is a nested array (not supported)", path, key);
+  }
   v.elem_type = Type(elem);
   const uint64_t count = c.get<uint64_t>(what);
   if (count > c.left() / min_value_bytes(v.elem_type)) {
@@ -144,8 +156,8 @@ GgufValue read_value(Cursor& c, const std::string& path, const std::string& key)
 }
 
 uint64_t read_alignment(const std::string& path, const GgufValue& v) {
-  const bool integral = std::holds_alternative<uint64_t>(v.scalar) ||
-                        std::holds_alternative<int64_t>(v.scalar);
+  const bool integral =
+      std::holds_alternative<uint64_t>(v.scalar) || std::holds_alternative<int64_t>(v.scalar);
   const double a = integral ? scalar_as_number(v) : 0.0;
   // Capped so that rounding an offset up to it cannot overflow.
   if (!integral || a < 1 || a > double(1u << 30) || !std::has_single_bit(uint64_t(a))) {
@@ -158,8 +170,8 @@ uint64_t read_alignment(const std::string& path, const GgufValue& v) {
 std::string printable(const uint8_t* p, size_t n) {
   std::string s;
   for (size_t i = 0; i < n; ++i) {
-    if (p[i] >= 0x20 && p[i] < 0x7f && p[i] != '\\') s += char(p[i]);
-    else s += fmt::format("\\x{:02x}", p[i]);
+    const bool plain = p[i] >= 0x20 && p[i] < 0x7f && p[i] != '\\';
+    s += plain ? std::string(1, char(p[i])) : fmt::format("\\x{:02x}", p[i]);
   }
   return s;
 }
@@ -167,7 +179,7 @@ std::string printable(const uint8_t* p, size_t n) {
 }  // namespace
 
 const char* gguf_type_name(GgufValue::Type t) {
-  static const char* const names[] = {"u8",  "i8",   "u16",    "i16",   "u32", "i32", "f32",
+  static const char* const names[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
                                       "bool", "string", "array", "u64", "i64", "f64"};
   const auto i = size_t(t);
   return i < std::size(names) ? names[i] : "?";
@@ -200,12 +212,12 @@ std::optional<DType> dtype_from_ggml(uint32_t type) {
 const char* ggml_type_name(uint32_t type) {
   // ggml's own names, by id; gaps are ids ggml has retired.
   static const char* const names[] = {
-      "f32",     "f16",    "q4_0",    "q4_1",  "q4_2",   "q4_3",  "q5_0",   "q5_1",
-      "q8_0",    "q8_1",   "q2_K",    "q3_K",  "q4_K",   "q5_K",  "q6_K",   "q8_K",
-      "iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s", "iq4_nl", "iq3_s", "iq2_s",  "iq4_xs",
-      "i8",      "i16",    "i32",     "i64",   "f64",    "iq1_m", "bf16",   "q4_0_4_4",
-      "q4_0_4_8", "q4_0_8_8", "tq1_0", "tq2_0", "iq4_nl_4_4", "iq4_nl_4_8", "iq4_nl_8_8",
-      "mxfp4"};
+      "f32",   "f16",        "q4_0",       "q4_1",       "q4_2",     "q4_3",     "q5_0",
+      "q5_1",  "q8_0",       "q8_1",       "q2_K",       "q3_K",     "q4_K",     "q5_K",
+      "q6_K",  "q8_K",       "iq2_xxs",    "iq2_xs",     "iq3_xxs",  "iq1_s",    "iq4_nl",
+      "iq3_s", "iq2_s",      "iq4_xs",     "i8",         "i16",      "i32",      "i64",
+      "f64",   "iq1_m",      "bf16",       "q4_0_4_4",   "q4_0_4_8", "q4_0_8_8", "tq1_0",
+      "tq2_0", "iq4_nl_4_4", "iq4_nl_4_8", "iq4_nl_8_8", "mxfp4"};
   return type < std::size(names) ? names[type] : nullptr;
 }
 
@@ -287,8 +299,8 @@ GgufFile GgufFile::open(const std::string& path) {
       fail("{}: metadata key '{}' appears twice", path, key);
     }
   }
-  if (const GgufValue* a = g.find("general.alignment")) g.alignment_ = read_alignment(path, *a);
-  else g.alignment_ = kDefaultAlignment;
+  const GgufValue* align = g.find("general.alignment");
+  g.alignment_ = align ? read_alignment(path, *align) : kDefaultAlignment;
 
   // Tensor directory. Offsets are checked once the data section's start is known.
   std::vector<uint64_t> offsets;
@@ -314,9 +326,10 @@ GgufFile GgufFile::open(const std::string& path) {
     auto dtype = dtype_from_ggml(type);
     if (!dtype) {
       const char* name = ggml_type_name(type);
-      fail("{}: tensor '{}' has unknown or unsupported tensor type {}{}; tessera reads f32, f16, "
-           "bf16, q8_0, q4_0, q4_1",
-           path, t.name, type, name ? fmt::format(" ({})", name) : std::string());
+      fail(
+          "{}: tensor '{}' has unknown or unsupported tensor type {}{}; tessera reads f32, f16, "
+          "bf16, q8_0, q4_0, q4_1",
+          path, t.name, type, name ? fmt::format(" ({})", name) : std::string());
     }
     t.dtype = *dtype;
     const int64_t block = dtype_block_values(t.dtype);
@@ -348,16 +361,18 @@ GgufFile GgufFile::open(const std::string& path) {
            g.alignment_);
     }
     if (off > data_size || t.nbytes > data_size - off) {
-      fail("{}: tensor '{}' data (offset {}, {} bytes) runs past the end of the file", path,
-           t.name, off, t.nbytes);
+      fail("{}: tensor '{}' data (offset {}, {} bytes) runs past the end of the file", path, t.name,
+           off, t.nbytes);
     }
-    t.data = base + data_start + off;
+    // An empty tensor may sit at the very end; keep its pointer within the mapping.
+    t.data = base + std::min(data_start + off, size);
   }
 
   // Tensors must not share bytes; empty ones own none.
   std::vector<size_t> order(g.tensors_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return offsets[a] < offsets[b]; });
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return offsets[a] < offsets[b]; });
   const TensorInfo* prev = nullptr;
   for (size_t i : order) {
     const TensorInfo& t = g.tensors_[i];

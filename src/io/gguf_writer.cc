@@ -48,25 +48,25 @@ bool exact_integer(double v, T* out) {
   return true;
 }
 
+template <typename T>
+bool put_integer(std::vector<uint8_t>& buf, double v) {
+  T x;
+  if (!exact_integer<T>(v, &x)) return false;
+  put<T>(buf, x);
+  return true;
+}
+
 // Appends one number as `t`; false if `v` is not representable.
 bool put_number(std::vector<uint8_t>& buf, Type t, double v) {
   switch (t) {
-#define TESSERA_PUT_INT(E, T)                 \
-  case Type::E: {                             \
-    T x;                                      \
-    if (!exact_integer<T>(v, &x)) return false; \
-    put<T>(buf, x);                           \
-    return true;                              \
-  }
-    TESSERA_PUT_INT(U8, uint8_t)
-    TESSERA_PUT_INT(I8, int8_t)
-    TESSERA_PUT_INT(U16, uint16_t)
-    TESSERA_PUT_INT(I16, int16_t)
-    TESSERA_PUT_INT(U32, uint32_t)
-    TESSERA_PUT_INT(I32, int32_t)
-    TESSERA_PUT_INT(U64, uint64_t)
-    TESSERA_PUT_INT(I64, int64_t)
-#undef TESSERA_PUT_INT
+    case Type::U8: return put_integer<uint8_t>(buf, v);
+    case Type::I8: return put_integer<int8_t>(buf, v);
+    case Type::U16: return put_integer<uint16_t>(buf, v);
+    case Type::I16: return put_integer<int16_t>(buf, v);
+    case Type::U32: return put_integer<uint32_t>(buf, v);
+    case Type::I32: return put_integer<int32_t>(buf, v);
+    case Type::U64: return put_integer<uint64_t>(buf, v);
+    case Type::I64: return put_integer<int64_t>(buf, v);
     case Type::F32:
       if (std::isfinite(v) && std::fabs(v) > double(std::numeric_limits<float>::max())) {
         return false;
@@ -242,9 +242,10 @@ void GgufWriter::add_array(const std::string& key, const std::vector<std::string
 void GgufWriter::add_array(const std::string& key, GgufValue::Type elem_type,
                            const std::vector<double>& v) {
   if (elem_type == Type::STRING || elem_type == Type::ARRAY) {
-    fail("{}: metadata '{}': use the string overload for string arrays; nested arrays are not "
-         "supported",
-         impl_->path, key);
+    fail(
+        "{}: metadata '{}': use the string overload for string arrays; nested arrays are not "
+        "supported",
+        impl_->path, key);
   }
   // Encoded aside first, so that a bad value leaves no half-written pair behind.
   std::vector<uint8_t> elems;

@@ -32,8 +32,8 @@ std::optional<DType> dtype_from_name(const std::string& s) {
 // dtypes of the safetensors spec that tessera does not read; anything else is unknown.
 bool is_known_safetensors_dtype(const std::string& s) {
   static const std::set<std::string> known = {
-      "BOOL", "U8",  "I8",  "I16", "U16", "I32",     "U32",     "I64",     "U64", "F64",
-      "C64",  "F4",  "F6_E2M3", "F6_E3M2", "F8_E4M3", "F8_E5M2", "F8_E8M0"};
+      "BOOL", "U8",  "I8", "I16",     "U16",     "I32",     "U32",     "I64",    "U64",
+      "F64",  "C64", "F4", "F6_E2M3", "F6_E3M2", "F8_E4M3", "F8_E5M2", "F8_E8M0"};
   return known.count(s) != 0;
 }
 
@@ -57,7 +57,7 @@ struct ParsedEntry {
 };
 
 ParsedEntry parse_entry(const std::string& path, const std::string& name, const json& e,
-                  uint64_t data_size) {
+                        uint64_t data_size) {
   if (!e.is_object()) fail("{}: header entry '{}' is not a JSON object", path, name);
   auto dt = e.find("dtype");
   auto sh = e.find("shape");
@@ -100,7 +100,9 @@ ParsedEntry parse_entry(const std::string& path, const std::string& name, const 
   if (!begin || !end) {
     fail("{}: tensor '{}' data_offsets {} are not non-negative integers", path, name, off->dump());
   }
-  if (*begin > *end) fail("{}: tensor '{}' data_offsets begin {} > end {}", path, name, *begin, *end);
+  if (*begin > *end) {
+    fail("{}: tensor '{}' data_offsets begin {} > end {}", path, name, *begin, *end);
+  }
   if (*end > data_size) {
     fail("{}: tensor '{}' data_offsets end {} is past the end of the data region ({} bytes)", path,
          name, *end, data_size);
@@ -122,8 +124,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   std::shared_ptr<const MappedFile> file = MappedFile::open(path);
   const uint64_t size = file->size();
   if (size < 8) {
-    fail("{}: file is {} bytes, too short for a safetensors header (needs at least 8)", path,
-         size);
+    fail("{}: file is {} bytes, too short for a safetensors header (needs at least 8)", path, size);
   }
   const uint64_t header_len = read_u64_le(file->data());
   if (header_len > size - 8) {
@@ -185,7 +186,7 @@ struct SafetensorsWriter::Impl {
   std::string path;
   std::vector<Entry> entries;
   std::vector<uint64_t> sizes;
-  size_t next = 0;      // tensor being written
+  size_t next = 0;       // tensor being written
   uint64_t written = 0;  // bytes of it written so far
   std::FILE* f = nullptr;
 
@@ -232,9 +233,8 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<
     const uint64_t nbytes = dtype_bytes(e.dtype, numel);
     uint64_t end;
     if (__builtin_add_overflow(offset, nbytes, &end)) fail("{}: tensors too large", path);
-    header[e.name] = {{"dtype", dtype_name(e.dtype)},
-                      {"shape", e.shape},
-                      {"data_offsets", {offset, end}}};
+    header[e.name] = {
+        {"dtype", dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, end}}};
     impl_->sizes.push_back(nbytes);
     offset = end;
   }
@@ -277,8 +277,8 @@ void SafetensorsWriter::write_part(const std::string& name, const void* data, ui
          name, e.name);
   }
   if (nbytes > w.sizes[w.next] - w.written) {
-    fail("{}: tensor '{}' is {} bytes; {} more after {} is too many", w.path, name,
-         w.sizes[w.next], nbytes, w.written);
+    fail("{}: tensor '{}' is {} bytes; {} more after {} is too many", w.path, name, w.sizes[w.next],
+         nbytes, w.written);
   }
   w.put(data, nbytes);
   w.written += nbytes;

@@ -86,14 +86,12 @@ void to_f32(DType t, const uint8_t* src, float* dst, int64_t n) {
   if (n <= 0) return;
   const int64_t per_block = dtype_block_values(t);
   if (n % per_block != 0) {
-    fail("cannot convert {} values of {}: not a whole number of {}-value blocks", n,
-         dtype_name(t), per_block);
+    fail("cannot convert {} values of {}: not a whole number of {}-value blocks", n, dtype_name(t),
+         per_block);
   }
   const int64_t blocks = n / per_block;
   switch (t) {
-    case DType::F32:
-      std::memcpy(dst, src, size_t(n) * 4);
-      return;
+    case DType::F32: std::memcpy(dst, src, size_t(n) * 4); return;
     case DType::F16:
       for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(load_u16(src + 2 * i));
       return;

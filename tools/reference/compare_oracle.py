@@ -4,7 +4,7 @@
     tools/reference/compare_oracle.py models/SmolLM2-135M-Instruct.Q4_1.gguf
     tools/reference/compare_oracle.py DIR --prompt "Water freezes at" --ids 1,2,3
 
-Runs `tessera dump MODEL --ids IDS --out TMP --probes all` and transformers (float32,
+Runs `tessera dump MODEL --ids IDS --out TMP --probes layers` and transformers (float32,
 CPU, eager attention) on the same token ids, prints per-layer hidden-state cosine,
 final-norm cosine, last-position logit error and top-1 agreement, and exits 0 only
 when every sequence passes the acceptance thresholds below. Without --prompt or
@@ -32,7 +32,7 @@ def tessera_dump(binary, model, ids):
     """{name: array} from `tessera dump`: layers.{i}.out, final_norm, logits."""
     with tempfile.TemporaryDirectory(prefix="tessera-dump-") as tmp:
         ref.tessera(binary, "dump", model, "--ids", ",".join(map(str, ids)), "--out", tmp,
-                    "--probes", "all")
+                    "--probes", "layers")
         index = json.loads((Path(tmp) / "index.json").read_text())
         if index["ids"] != ids:
             sys.exit(f"tessera dump ran ids {index['ids']}, asked for {ids}")
