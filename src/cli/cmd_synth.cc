@@ -46,7 +46,11 @@ void add_synth_command(CLI::App& app) {
   cmd->add_option("--out", opts->out_dir, "Output directory (new, empty, or a previous synth output)");
   cmd->add_flag("--tiny", opts->tiny, "Write the tiny form: same features, 2-4 small layers");
   cmd->add_option("--seed", opts->seed, "Seed; the same seed gives byte-identical files")
-      ->default_val(0);
+      ->default_val(0)
+      // "-1" would otherwise wrap silently to 2^64 - 1.
+      ->check([](const std::string& v) {
+        return v.find('-') == std::string::npos ? std::string() : "the seed is a non-negative integer";
+      });
   cmd->add_option("--tokenizers", opts->tokenizers_dir,
                   "Folder with llama3/ and qwen3/ tokenizer files (default: $TESSERA_TOKENIZERS "
                   "or the shared data folder)");

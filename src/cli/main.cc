@@ -12,7 +12,7 @@ int main(int argc, char** argv) {
   CLI::App app{"tessera: deploy decoder-only LLMs onto spatial NPUs and the host CPU,\n"
                "every step checked against an FP32 oracle."};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "tessera 0.1.0");
+  app.set_version_flag("--version", "tessera " TESSERA_VERSION);
   tessera::cli::add_inspect_command(app);
   tessera::cli::add_synth_command(app);
   tessera::cli::add_dump_command(app);

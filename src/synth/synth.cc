@@ -37,9 +37,6 @@ namespace tessera {
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
 
-#ifndef TESSERA_VERSION
-#define TESSERA_VERSION "0.1.0"
-#endif
 
 namespace {
 
