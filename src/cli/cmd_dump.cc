@@ -14,6 +14,7 @@
 #include "io/weights.h"
 #include "model/default_model.h"
 #include "oracle/oracle.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/npy.h"
 
@@ -26,6 +27,8 @@ namespace {
 struct DumpArgs {
   std::string model;
   std::string ids;
+  std::string prompt;
+  bool prompt_given = false;
   std::string out;
   std::string probes = "layers";
   int threads = 0;
@@ -74,9 +77,16 @@ void run_dump(const DumpArgs& a) {
   if (a.probes == "layers") level = ProbeLevel::Layers;
   else if (a.probes == "all") level = ProbeLevel::All;
   else fail("--probes must be 'layers' or 'all', got '{}'", a.probes);
-  const std::vector<int32_t> ids = parse_ids(a.ids);
+  if (a.prompt_given == !a.ids.empty()) fail("give exactly one of --prompt TEXT or --ids 1,2,3");
   const std::string path = resolve_model_path(a.model);
   Model model = Model::open(path);
+  std::vector<int32_t> ids;
+  if (a.prompt_given) {
+    if (a.prompt.empty()) fail("the prompt is empty");
+    ids = Tokenizer::for_model(model).encode_prompt(a.prompt);
+  } else {
+    ids = parse_ids(a.ids);
+  }
   Oracle oracle(model, a.threads);
 
   fs::create_directories(a.out);
@@ -126,10 +136,12 @@ void run_dump(const DumpArgs& a) {
 void add_dump_command(CLI::App& app) {
   auto args = std::make_shared<DumpArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "dump", "Run the FP32 oracle on token ids and write every layer's hidden state, the final norm and the "
+      "dump", "Run the FP32 oracle on a prompt or token ids and write every layer's hidden state, the final norm and the "
               "logits as .npy files with an index.json");
   cmd->add_option("model", args->model, "Hugging Face directory or .gguf file (default: SmolLM2-135M-Instruct)");
-  cmd->add_option("--ids", args->ids, "Comma-separated token ids, e.g. 1,9690,42")->required();
+  cmd->add_option("--prompt", args->prompt, "Text, tokenized with the model's tokenizer (BOS by the family's rule)")
+      ->each([args](const std::string&) { args->prompt_given = true; });
+  cmd->add_option("--ids", args->ids, "Comma-separated token ids, e.g. 1,9690,42");
   cmd->add_option("--out", args->out, "Output directory")->required();
   cmd->add_option("--probes", args->probes, "'layers' (hidden after each layer, final norm, logits) or 'all' "
                                             "(every kernel output of every layer)");

@@ -7,5 +7,9 @@ namespace tessera::cli {
 void add_inspect_command(CLI::App& app);
 void add_synth_command(CLI::App& app);
 void add_dump_command(CLI::App& app);
+void add_run_command(CLI::App& app);
+void add_chat_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
+void add_detokenize_command(CLI::App& app);
 
 }  // namespace tessera::cli

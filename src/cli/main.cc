@@ -16,6 +16,10 @@ int main(int argc, char** argv) {
   tessera::cli::add_inspect_command(app);
   tessera::cli::add_synth_command(app);
   tessera::cli::add_dump_command(app);
+  tessera::cli::add_run_command(app);
+  tessera::cli::add_chat_command(app);
+  tessera::cli::add_tokenize_command(app);
+  tessera::cli::add_detokenize_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

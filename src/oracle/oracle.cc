@@ -68,6 +68,15 @@ void Oracle::reset() {
   }
 }
 
+void Oracle::truncate(int64_t positions) {
+  if (positions < 0 || positions > position_) fail("oracle: cannot truncate {} cached positions to {}", position_, positions);
+  position_ = positions;
+  for (Layer& L : layers_) {
+    L.k_cache.resize(size_t(positions * model_.spec().kv_dim()));
+    L.v_cache.resize(size_t(positions * model_.spec().kv_dim()));
+  }
+}
+
 std::vector<float> Oracle::forward(std::span<const int32_t> ids, bool all_logits, const ProbeFn& probe,
                                    ProbeLevel level) {
   const ModelSpec& s = model_.spec();

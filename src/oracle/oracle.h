@@ -35,6 +35,8 @@ class Oracle {
 
   int64_t position() const { return position_; }
   void reset();
+  // Keeps the first `positions` entries of the KV cache (a chat reusing a shared prefix).
+  void truncate(int64_t positions);
   const ModelSpec& spec() const { return model_.spec(); }
 
  private:

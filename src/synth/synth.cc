@@ -314,12 +314,10 @@ uint64_t write_synth_weights(const ModelSpec& spec, const std::string& dir, uint
                          : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, n_shards);
   };
 
-  // Values are generated in chunks of 4 Mi (large enough to amortize thread start-up) and
-  // progress is reported per chunk. SafetensorsWriter::write takes a whole tensor at once,
-  // so one tensor is held in memory at a time (at most the embedding: 0.8 GB for
-  // Qwen3-4B); never the whole model.
+  // Values are generated and written in chunks of 4 Mi (large enough to amortize thread
+  // start-up), so memory stays at one chunk whatever the model's size.
   constexpr uint64_t kChunk = uint64_t(1) << 22;
-  std::vector<uint16_t> buf;
+  std::vector<uint16_t> buf(kChunk);
   uint64_t done = 0;
   ojson weight_map = ojson::object();
   for (size_t s = 0; s < n_shards; ++s) {
@@ -331,14 +329,13 @@ uint64_t write_synth_weights(const ModelSpec& spec, const std::string& dir, uint
       const uint64_t key = stream_key(seed, t.name);
       const Init init = init_for(t.role);
       const uint64_t n = numel(t.shape);
-      buf.resize(n);
       for (uint64_t off = 0; off < n; off += kChunk) {
         const uint64_t len = std::min(kChunk, n - off);
-        fill_bf16_parallel(key, init, off, len, buf.data() + off);
+        fill_bf16_parallel(key, init, off, len, buf.data());
+        writer.write_part(t.name, buf.data(), len * 2);
         done += len * 2;
         if (progress) progress(done, total);
       }
-      writer.write(t.name, buf.data(), n * 2);
       weight_map[t.name] = file_name(s);
     }
     writer.close();

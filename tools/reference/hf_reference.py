@@ -1,9 +1,11 @@
 """Hugging Face transformers as the independent reference for tessera's FP32 oracle.
 
-Shared by oracle_fixtures.py and compare_oracle.py. Test tooling only: tessera never
+Shared by oracle_fixtures.py and compare_oracle.py (and, for the helpers at the end, by
+tokenizer_fixtures.py, chat_fixtures.py and generation_fixtures.py). Test tooling only: tessera never
 imports it, and CI never runs it (it needs torch; see README.md here).
 """
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -121,3 +123,69 @@ def forward(model, ids):
             h.remove()
     assert len(captured) == len(blocks)
     return np.stack(captured), logits
+
+
+# --- Shared by the tokenizer, chat template and generation fixtures -------------------
+
+DEFAULT_GGUF = REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+def tokenizers_dir():
+    """The shared llama3/ and qwen3/ tokenizer files, found as tessera synth finds them."""
+    return Path(os.environ.get("TESSERA_TOKENIZERS") or REPO.parent / "shared" / "data" / "tokenizers")
+
+
+def synth_smollm2_tokenizer(binary, out_dir):
+    """SmolLM2's tokenizer.json and tokenizer_config.json, written by `tessera synth` from
+    the default GGUF's tokenizer.ggml.* metadata (plus a tiny random checkpoint, unused)."""
+    tessera(binary, "synth", "--preset", "SmolLM2-135M", "--tiny", "--seed", "0", "--out", out_dir)
+    return Path(out_dir)
+
+
+def _escape_invisible(text):
+    """JSON text with invisible and line-breaking characters as \\u escapes (valid JSON)."""
+    import unicodedata
+
+    def esc(ch):
+        if ch in "\u00a0\u3000" or unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Co", "Cn"):
+            cp = ord(ch)
+            if cp > 0xFFFF:
+                cp -= 0x10000
+                return f"\\u{0xD800 + (cp >> 10):04x}\\u{0xDC00 + (cp & 0x3FF):04x}"
+            return f"\\u{cp:04x}"
+        return ch
+
+    return "".join(esc(c) if ord(c) >= 0x7F else c for c in text)
+
+
+def to_compact_json(value, indent=0):
+    """Pretty JSON with every 'flat' value (a scalar, a list of scalars, or an object of
+    those) on one line; UTF-8 text kept readable, invisible characters escaped."""
+    def scalar(v):
+        return not isinstance(v, (dict, list))
+
+    def flat(v):
+        if isinstance(v, list):
+            return all(scalar(x) for x in v)
+        if isinstance(v, dict):
+            return all(scalar(x) or (isinstance(x, list) and all(scalar(y) for y in x)) for x in v.values())
+        return True
+
+    pad, inner = " " * indent, " " * (indent + 1)
+    if flat(value):
+        return _escape_invisible(json.dumps(value, ensure_ascii=False))
+    if isinstance(value, dict):
+        items = [f"{inner}{json.dumps(k)}: {to_compact_json(v, indent + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    items = [inner + to_compact_json(v, indent + 1) for v in value]
+    return "[\n" + ",\n".join(items) + "\n" + pad + "]"
+
+
+def write_fixture(path, value):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = to_compact_json(value) + "\n"
+    assert json.loads(text) == value, f"{path}: JSON does not read back equal"
+    path.write_text(text, encoding="utf-8")
+    return path

@@ -1,0 +1,184 @@
+// `tessera run` and `tessera chat`: generate text with a model, streaming tokens as they come.
+// Until a faster target exists, the FP32 oracle executes.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "cli/commands.h"
+#include "io/weights.h"
+#include "model/default_model.h"
+#include "oracle/oracle.h"
+#include "runtime/chat_session.h"
+#include "runtime/generate.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+
+namespace tessera::cli {
+
+namespace {
+
+struct RunArgs {
+  std::string model;
+  std::string prompt;
+  bool prompt_given = false;
+  bool chat = false;
+  std::string system;
+  std::string thinking;  // "", "on", "off"
+  int n = 128;
+  float temp = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  bool json = false;
+  int threads = 0;
+};
+
+GenerationOptions generation_options(const RunArgs& a) {
+  GenerationOptions g;
+  g.max_new_tokens = a.n;
+  g.sampling = {a.temp, a.top_k, a.top_p, a.seed};
+  g.sampling.validate();
+  if (a.n < 0) fail("-n must be >= 0, got {}", a.n);
+  return g;
+}
+
+ChatOptions chat_options(const RunArgs& a) {
+  ChatOptions c;
+  if (a.thinking == "on") c.enable_thinking = true;
+  else if (a.thinking == "off") c.enable_thinking = false;
+  else if (!a.thinking.empty()) fail("--thinking must be 'on' or 'off', got '{}'", a.thinking);
+  return c;
+}
+
+// Text shaped like a special token ("<|...|>") that the tokenizer does not know is almost
+// always a typo; the tokenizer would silently split it into ordinary pieces.
+void refuse_unknown_special_tokens(const Tokenizer& tok, const std::string& text) {
+  size_t at = 0;
+  while ((at = text.find("<|", at)) != std::string::npos) {
+    const size_t end = text.find("|>", at + 2);
+    if (end == std::string::npos) break;
+    const std::string name = text.substr(at, end + 2 - at);
+    if (name.find_first_of(" \n\t") == std::string::npos && !tok.token_id(name))
+      fail("unknown special token '{}' in the prompt: this tokenizer has no such token", name);
+    at = end + 2;
+  }
+}
+
+void print_stats(const GenerationResult& r) {
+  fmt::print(stderr, "\n[prompt {} tokens, {:.1f} tok/s | generated {} tokens, {:.1f} tok/s | stop: {}]\n",
+             r.prompt_tokens, r.prefill_tokens_per_second(), r.tokens.size(), r.decode_tokens_per_second(),
+             r.stop_reason);
+}
+
+TokenCallback streaming(bool enabled) {
+  if (!enabled) return {};
+  return [](int32_t, const std::string& text) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  };
+}
+
+void run_run(const RunArgs& a) {
+  if (!a.prompt_given) fail("--prompt is required (use `tessera chat` for a conversation)");
+  const GenerationOptions gen = generation_options(a);
+  const std::string path = resolve_model_path(a.model);
+  Model model = Model::open(path);
+  Tokenizer tok = Tokenizer::for_model(model);
+  Oracle oracle(model, a.threads);
+
+  refuse_unknown_special_tokens(tok, a.prompt);
+  refuse_unknown_special_tokens(tok, a.system);
+  GenerationResult r;
+  std::vector<int32_t> prompt_ids;
+  if (a.chat || !a.system.empty()) {
+    ChatSession chat(oracle, tok, a.system.empty() ? std::nullopt : std::optional(a.system), chat_options(a));
+    r = chat.reply(a.prompt, gen, streaming(!a.json));
+    prompt_ids = chat.last_prompt_ids();
+  } else {
+    if (a.prompt.empty()) fail("the prompt is empty: give some text to continue");
+    prompt_ids = tok.encode_prompt(a.prompt);
+    r = Generator(oracle, tok).generate(prompt_ids, gen, streaming(!a.json));
+  }
+  if (a.json) {
+    nlohmann::json j;
+    j["model"] = path;
+    j["prompt_ids"] = prompt_ids;
+    j["generated_ids"] = r.tokens;
+    j["text"] = r.text;
+    j["stop_reason"] = r.stop_reason;
+    j["prefill_tokens_per_second"] = r.prefill_tokens_per_second();
+    j["decode_tokens_per_second"] = r.decode_tokens_per_second();
+    j["executor"] = "oracle";
+    fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+  } else {
+    print_stats(r);
+  }
+}
+
+void run_chat(const RunArgs& a) {
+  const GenerationOptions gen = generation_options(a);
+  const std::string path = resolve_model_path(a.model);
+  Model model = Model::open(path);
+  Tokenizer tok = Tokenizer::for_model(model);
+  Oracle oracle(model, a.threads);
+  ChatSession chat(oracle, tok, a.system.empty() ? std::nullopt : std::optional(a.system), chat_options(a));
+  fmt::print(stderr, "chatting with {} ({} layers); /reset forgets the conversation, /exit or Ctrl-D ends it\n",
+             path, model.spec().n_layers);
+  std::string line;
+  while (true) {
+    fmt::print(stderr, "> ");
+    if (!std::getline(std::cin, line) || line == "/exit") break;
+    if (line == "/reset") {
+      chat.reset();
+      fmt::print(stderr, "(conversation forgotten)\n");
+      continue;
+    }
+    if (line.empty()) continue;
+    try {
+      refuse_unknown_special_tokens(tok, line);
+      GenerationResult r = chat.reply(line, gen, streaming(true));
+      print_stats(r);
+    } catch (const Error& e) {  // a bad message should not end the conversation
+      fmt::print(stderr, "tessera: error: {}\n", e.what());
+    }
+  }
+  fmt::print(stderr, "\n");
+}
+
+void add_generation_options(CLI::App* cmd, RunArgs& a) {
+  cmd->add_option("model", a.model, "Hugging Face directory or .gguf file (default: SmolLM2-135M-Instruct)");
+  cmd->add_option("--system", a.system, "System message (implies the chat template)");
+  cmd->add_option("--thinking", a.thinking, "Qwen3 thinking switch: on or off (default: the template's)");
+  cmd->add_option("-n,--max-tokens", a.n, "Most tokens to generate")->capture_default_str();
+  cmd->add_option("--temp", a.temp, "Sampling temperature; 0 is greedy")->capture_default_str();
+  cmd->add_option("--top-k", a.top_k, "Sample among the K most likely tokens; 0 is no limit")->capture_default_str();
+  cmd->add_option("--top-p", a.top_p, "Nucleus sampling mass")->capture_default_str();
+  cmd->add_option("--seed", a.seed, "Random seed for sampling")->capture_default_str();
+  cmd->add_option("--threads", a.threads, "Worker threads (default: all cores)");
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app) {
+  auto a = std::make_shared<RunArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "run", "Generate text from a prompt, streaming tokens as they are produced (executor: the FP32 oracle)");
+  add_generation_options(cmd, *a);
+  cmd->add_option("--prompt", a->prompt, "Prompt text")->each([a](const std::string&) { a->prompt_given = true; });
+  cmd->add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template as a user message");
+  cmd->add_flag("--json", a->json, "Print one JSON object at the end instead of streaming");
+  cmd->callback([a] { run_run(*a); });
+}
+
+void add_chat_command(CLI::App& app) {
+  auto a = std::make_shared<RunArgs>();
+  CLI::App* cmd = app.add_subcommand("chat", "Interactive conversation with a model's chat template (reads stdin)");
+  add_generation_options(cmd, *a);
+  cmd->callback([a] { run_chat(*a); });
+}
+
+}  // namespace tessera::cli

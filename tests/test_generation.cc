@@ -1,0 +1,80 @@
+// Generation with the default model: greedy tokens identical to transformers' (fixture made
+// by tools/reference/generation_fixtures.py on the same dequantized GGUF weights), and the
+// clear messages `tessera run` gives for bad prompts.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "io/weights.h"
+#include "oracle/oracle.h"
+#include "runtime/chat_session.h"
+#include "test_support.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using testing_support::run_tessera;
+
+const fs::path kFixture = fs::path(TESSERA_SOURCE_DIR) / "tests/fixtures/generation/smollm2-135m-instruct.json";
+
+bool have_default_model() { return fs::exists(testing_support::default_gguf()); }
+
+TEST(Generation, GreedyMatchesTransformersOnTheDefaultModel) {
+  if (!have_default_model()) GTEST_SKIP() << "run scripts/setup.sh";
+  if (!fs::exists(kFixture)) GTEST_SKIP() << "no fixture " << kFixture;
+  nlohmann::json fx;
+  std::ifstream(kFixture) >> fx;
+  Model model = Model::open(testing_support::default_gguf());
+  Tokenizer tok = Tokenizer::for_model(model);
+  Oracle oracle(model);
+  ASSERT_GE(fx["cases"].size(), 3u);
+  for (const auto& c : fx["cases"]) {
+    ChatSession chat(oracle, tok, std::nullopt);
+    GenerationOptions opts;
+    opts.max_new_tokens = int(c["generated_ids"].size());
+    opts.stop_on_eos = false;  // the fixture ran exactly this many tokens
+    GenerationResult r = chat.reply(c["prompt"].get<std::string>(), opts);
+    EXPECT_EQ(chat.last_prompt_ids(), c["prompt_ids"].get<std::vector<int32_t>>()) << c["prompt"];
+    EXPECT_EQ(r.tokens, c["generated_ids"].get<std::vector<int32_t>>()) << c["prompt"];
+    std::printf("[ greedy   ] %s -> %s\n", c["prompt"].get<std::string>().c_str(), nlohmann::json(r.text).dump().c_str());
+  }
+}
+
+TEST(Generation, CliRunChatAnswers) {
+  if (!have_default_model()) GTEST_SKIP() << "run scripts/setup.sh";
+  auto r = run_tessera("run --chat --prompt 'What is the capital of France?' -n 12 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_NE(j["text"].get<std::string>().find("Paris"), std::string::npos) << j["text"];
+  EXPECT_EQ(j["executor"], "oracle");
+}
+
+void expect_clear_error(const std::string& args, const std::string& needle) {
+  auto r = run_tessera(args);
+  EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+}
+
+TEST(Generation, BadPromptsGiveClearMessages) {
+  if (!have_default_model()) GTEST_SKIP() << "run scripts/setup.sh";
+  expect_clear_error("run --prompt ''", "empty");
+  expect_clear_error("run --chat --prompt ''", "empty");
+  expect_clear_error("run --prompt \"$(printf 'caf\\351 au lait')\"", "UTF-8");  // Latin-1 byte
+  expect_clear_error("run --chat --prompt '<|im_strat|>user hi'", "unknown special token '<|im_strat|>'");
+  expect_clear_error("detokenize --ids 1,99999999", "99999999");
+  // SmolLM2's context is 8192 tokens: 9000 words cannot fit.
+  std::string long_prompt;
+  for (int i = 0; i < 9000; ++i) long_prompt += "word ";
+  const fs::path f = fs::path(::testing::TempDir()) / "tessera_long_prompt.txt";
+  std::ofstream(f) << long_prompt;
+  expect_clear_error("run --prompt \"$(cat " + f.string() + ")\" -n 1", "context of 8192");
+  fs::remove(f);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,70 @@
+// Sampling and streaming pieces of generation.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "runtime/generate.h"
+#include "runtime/sampler.h"
+#include "util/error.h"
+
+namespace tessera {
+namespace {
+
+const std::vector<float> kLogits = {0.1f, 2.5f, -1.0f, 2.4f, 0.0f};
+
+TEST(Sampler, GreedyIsArgmax) {
+  Sampler s({0.0f, 0, 1.0f, 0});
+  EXPECT_EQ(s.sample(kLogits), 1);
+  EXPECT_EQ(argmax(std::vector<float>{1.0f, 3.0f, 3.0f}), 1) << "first of ties, like torch.argmax";
+}
+
+TEST(Sampler, TopKOneAndTinyTopPAreGreedy) {
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    EXPECT_EQ(Sampler({1.0f, 1, 1.0f, seed}).sample(kLogits), 1);
+    EXPECT_EQ(Sampler({1.0f, 0, 0.01f, seed}).sample(kLogits), 1);
+  }
+}
+
+TEST(Sampler, SeedReproducesAndSamplingVaries) {
+  std::vector<int32_t> a, b;
+  Sampler s1({1.0f, 0, 1.0f, 42}), s2({1.0f, 0, 1.0f, 42});
+  for (int i = 0; i < 200; ++i) {
+    a.push_back(s1.sample(kLogits));
+    b.push_back(s2.sample(kLogits));
+  }
+  EXPECT_EQ(a, b);
+  EXPECT_GT(std::count(a.begin(), a.end(), 3), 20) << "the close second is drawn too";
+  EXPECT_EQ(std::count(a.begin(), a.end(), 2) + std::count(a.begin(), a.end(), 1) + std::count(a.begin(), a.end(), 3) +
+                std::count(a.begin(), a.end(), 0) + std::count(a.begin(), a.end(), 4),
+            200);
+}
+
+TEST(Sampler, TopKExcludesTheRest) {
+  Sampler s({5.0f, 2, 1.0f, 1});
+  for (int i = 0; i < 300; ++i) {
+    const int32_t t = s.sample(kLogits);
+    EXPECT_TRUE(t == 1 || t == 3) << t;
+  }
+}
+
+TEST(Sampler, BadOptionsAreNamed) {
+  EXPECT_THROW(Sampler({-1.0f, 0, 1.0f, 0}), Error);
+  EXPECT_THROW(Sampler({1.0f, -3, 1.0f, 0}), Error);
+  EXPECT_THROW(Sampler({1.0f, 0, 0.0f, 0}), Error);
+  EXPECT_THROW(Sampler({1.0f, 0, 1.5f, 0}), Error);
+}
+
+TEST(Utf8Stream, HoldsSplitCharactersUntilComplete) {
+  Utf8Stream s;
+  const std::string euro = "\xE2\x82\xAC";  // U+20AC, 3 bytes
+  EXPECT_EQ(s.push("a" + euro.substr(0, 1)), "a");
+  EXPECT_EQ(s.push(euro.substr(1, 1)), "");
+  EXPECT_EQ(s.push(euro.substr(2) + "b"), euro + "b");
+  const std::string emoji = "\xF0\x9F\x98\x80";  // U+1F600, 4 bytes
+  EXPECT_EQ(s.push(emoji.substr(0, 3)), "");
+  EXPECT_EQ(s.flush(), emoji.substr(0, 3)) << "flush gives back what is left";
+  EXPECT_EQ(s.push(emoji), emoji);
+}
+
+}  // namespace
+}  // namespace tessera
