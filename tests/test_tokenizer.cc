@@ -16,6 +16,8 @@
 
 #include "io/gguf.h"
 #include "io/gguf_writer.h"
+#include "io/weights.h"
+#include "synth/synth.h"
 #include "test_support.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/split_regex.h"
@@ -58,7 +60,10 @@ const Tokenizer* real_tokenizer(const std::string& family) {
 
 std::string ids_text(const std::vector<int32_t>& ids) {
   std::string s;
-  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(ids[i]);
+  }
   return s;
 }
 
@@ -220,8 +225,8 @@ TEST(Bpe, MergesApplyLowestRankFirst) {
 
 TEST(AddedTokens, MatchedInTextLeftmostLongestWithStripRules) {
   ScratchDir dir("tok_added");
-  const json added = {added_token(256, "<x>"), added_token(257, "<x><y>"), added_token(258, "<L>", true),
-                      added_token(259, "<R>", false, true), added_token(260, "<w>", false, false, true)};
+  const json added = json::array({added_token(256, "<x>"), added_token(257, "<x><y>"), added_token(258, "<L>", true),
+                      added_token(259, "<R>", false, true), added_token(260, "<w>", false, false, true)});
   const Tokenizer tok = load_json(dir, toy_tokenizer(json::array(), {}, added));
   // Expected ids from tokenizers 0.23 on the same file.
   EXPECT_EQ(tok.encode("a<x><y>b<x>"), (Ids{'a', 257, 'b', 256}));
@@ -238,7 +243,7 @@ TEST(AddedTokens, MatchedInTextLeftmostLongestWithStripRules) {
   EXPECT_EQ(tok.decode(Ids{'a', 256, 'b'}, /*skip_special=*/true), "ab");
 
   // ByteLevel's add_prefix_space applies to every text segment between added tokens.
-  const Tokenizer spaced = load_json(dir, toy_tokenizer(json::array(), {}, {added_token(256, "<x>")}, false, true));
+  const Tokenizer spaced = load_json(dir, toy_tokenizer(json::array(), {}, json::array({added_token(256, "<x>")}), false, true));
   EXPECT_EQ(spaced.encode("a<x>b"), (Ids{' ', 'a', 256, ' ', 'b'}));
   EXPECT_EQ(spaced.encode(" a"), (Ids{' ', 'a'}));
   EXPECT_EQ(spaced.encode(""), Ids{});
@@ -347,7 +352,7 @@ TEST(Tokenizer, QwenHasNoBos) {
 
 TEST(Tokenizer, BosFromTemplateProcessingIsNotDoubled) {
   ScratchDir dir("tok_template");
-  json j = toy_tokenizer(json::array(), {}, {added_token(256, "<s>")});
+  json j = toy_tokenizer(json::array(), {}, json::array({added_token(256, "<s>")}));
   j["post_processor"] = json::parse(R"({"type": "Sequence", "processors": [
       {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
       {"type": "TemplateProcessing",
@@ -390,6 +395,41 @@ TEST(Tokenizer, SmolLM2FromGguf) {
   expect_error([&] { smol->decode(Ids{-1}); }, "unknown token id -1");
 }
 
+// The tokenizer.json that `tessera synth` writes for SmolLM2 (from the GGUF's metadata, in
+// SmolLM2's own layout) and the GGUF route give the same ids and the same family facts.
+TEST(Tokenizer, SmolLM2JsonFromGgufAgreesWithGguf) {
+  REQUIRE_TOKENIZER(smol, "smollm2");
+  ScratchDir dir("tok_smol_json");
+  write_smollm2_tokenizer(testing_support::default_gguf(), dir.str());
+  const Tokenizer json_tok = Tokenizer::from_json_file(dir.str("tokenizer.json"));
+  std::vector<std::string> texts = {"Hello world", "  12", "x \u00b2", "<|im_start|>user\nHi<|im_end|>",
+                                    "DON'T 1234 caf\u00e9 \u4e2d\u6587 \U0001F600"};
+  const fs::path fx = fs::path(fixture_dir()) / "smollm2.json";
+  if (fs::exists(fx)) {
+    const json cases = json::parse(slurp(fx))["cases"];
+    for (const json& c : cases) texts.push_back(c["text"].get<std::string>());
+  }
+  for (const std::string& t : texts) EXPECT_EQ(json_tok.encode(t), smol->encode(t)) << json(t).dump();
+  EXPECT_EQ(json_tok.vocab_size(), smol->vocab_size());
+  EXPECT_EQ(json_tok.bos_id(), smol->bos_id());
+  EXPECT_EQ(json_tok.adds_bos(), smol->adds_bos());
+  EXPECT_EQ(json_tok.eos_ids(), smol->eos_ids());
+  EXPECT_EQ(json_tok.eos_token(), smol->eos_token());
+  EXPECT_EQ(json_tok.chat_template(), smol->chat_template());
+  for (int32_t id : {0, 1, 2, 16, 17, 905, 49151}) {
+    EXPECT_EQ(json_tok.token_string(id), smol->token_string(id));
+    EXPECT_EQ(json_tok.is_special(id), smol->is_special(id));
+  }
+}
+
+TEST(Tokenizer, ForModelReadsTheGgufMetadata) {
+  if (!fs::exists(testing_support::default_gguf())) GTEST_SKIP() << "default model absent (scripts/setup.sh)";
+  const Model model = Model::open(testing_support::default_gguf());
+  const Tokenizer tok = Tokenizer::for_model(model);
+  EXPECT_EQ(tok.vocab_size(), 49152);
+  EXPECT_EQ(tok.encode("Hello world"), (Ids{19556, 905}));
+}
+
 // A small GGUF with only tokenizer metadata.
 void write_tokenizer_gguf(const std::string& path, const std::string& model, const std::string& pre,
                           const std::vector<std::string>& extra_tokens = {}) {
@@ -422,7 +462,7 @@ TEST(Tokenizer, GgufPreTokenizersAndRefusals) {
   EXPECT_EQ(llama.encode_prompt("<|eot|>ab"), (Ids{257, 256}));
   EXPECT_TRUE(llama.is_special(257));
   EXPECT_FALSE(llama.is_special(258));
-  EXPECT_EQ(llama.encode("x<user>"), (Ids{'x', 258}));
+  EXPECT_EQ(llama.encode_raw("x<user>"), (Ids{'x', 258}));
 
   write_tokenizer_gguf(path, "gpt2", "smollm");
   const Tokenizer smol = Tokenizer::from_gguf(GgufFile::open(path));

@@ -1,10 +1,11 @@
 // tokenizer.json (Hugging Face `tokenizers` format) into TokenizerData, plus the
 // tokenizer_config.json beside it for BOS/EOS, add_bos_token and the chat template.
 // Every component tessera does not run exactly is refused by name.
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "tokenizer/tokenizer_data.h"
 #include "tokenizer/unicode.h"
@@ -115,7 +116,7 @@ class JsonLoader {
     std::unordered_map<std::string, int32_t> vocab;
     vocab.reserve(j["vocab"].size());
     for (const auto& [tok, id] : j["vocab"].items()) {
-      if (const auto bad = unicode::first_invalid_utf8(tok)) malformed("a vocabulary token is not valid UTF-8");
+      if (unicode::first_invalid_utf8(tok)) malformed("a vocabulary token is not valid UTF-8");
       vocab[tok] = token_id(id, "vocabulary token '" + tok + "'");
     }
 

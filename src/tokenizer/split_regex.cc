@@ -33,6 +33,10 @@ struct MatchResources {
     jit_stack = pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, nullptr);
     if (!data || !context || !jit_stack) fail("out of memory creating regex match state");
     pcre2_jit_stack_assign(context, nullptr, jit_stack);
+    // The default match limit (10 million steps) could stop `\s*[\r\n]+` on a multi-megabyte
+    // run of spaces, where each attempt backtracks over the run; these patterns are linear
+    // per match, so no limit is needed to stop a runaway.
+    pcre2_set_match_limit(context, UINT32_MAX);
   }
   ~MatchResources() {
     pcre2_jit_stack_free(jit_stack);

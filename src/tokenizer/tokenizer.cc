@@ -49,6 +49,13 @@ void finalize(TokenizerData& d) {
     if (const auto id = find_token(d, d.eos_token)) d.eos_ids.push_back(*id);
   for (const char* name : {"<|end_of_text|>", "<|eom_id|>", "<|eot_id|>", "<|endoftext|>", "<|im_end|>"})
     if (const auto it = d.added_ids.find(name); it != d.added_ids.end()) d.eos_ids.push_back(it->second);
+  // Llama 3.1/3.2 generation configs stop on 128001, 128008 and 128009. The Llama 3 vocabulary
+  // calls 128008 <|reserved_special_token_4|> (3.1 renamed it <|eom_id|>), so the Llama 3
+  // family's stop set is given by id.
+  const auto bot = d.added_ids.find("<|begin_of_text|>");
+  if (bot != d.added_ids.end() && bot->second == 128000)
+    for (const int32_t id : {128001, 128008, 128009})
+      if (size_t(id) < d.special.size() && d.special[size_t(id)]) d.eos_ids.push_back(id);
   std::sort(d.eos_ids.begin(), d.eos_ids.end());
   d.eos_ids.erase(std::unique(d.eos_ids.begin(), d.eos_ids.end()), d.eos_ids.end());
   if (d.bos_id && d.bos_token.empty()) d.bos_token = d.token_strings[size_t(*d.bos_id)];
