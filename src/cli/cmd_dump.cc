@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "io/weights.h"
 #include "model/default_model.h"
@@ -33,23 +34,6 @@ struct DumpArgs {
   std::string probes = "layers";
   int threads = 0;
 };
-
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  size_t i = 0;
-  while (i < text.size()) {
-    size_t j = text.find(',', i);
-    if (j == std::string::npos) j = text.size();
-    std::string item = text.substr(i, j - i);
-    item.erase(std::remove_if(item.begin(), item.end(), ::isspace), item.end());
-    if (item.empty() || !std::all_of(item.begin(), item.end(), ::isdigit) || item.size() > 9)
-      fail("--ids: '{}' is not a token id (expected comma-separated non-negative integers)", item);
-    ids.push_back(std::stoi(item));
-    i = j + 1;
-  }
-  if (ids.empty()) fail("--ids: no token ids given");
-  return ids;
-}
 
 // Token strings for readable output: GGUF vocabulary, or tokenizer.json's next to the weights.
 std::vector<std::string> token_strings(const Model& m) {

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "io/gguf.h"
 #include "model/default_model.h"
@@ -50,23 +51,6 @@ std::string read_file(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  size_t i = 0;
-  while (i < text.size()) {
-    size_t j = text.find(',', i);
-    if (j == std::string::npos) j = text.size();
-    std::string item = text.substr(i, j - i);
-    item.erase(std::remove_if(item.begin(), item.end(), [](unsigned char c) { return std::isspace(c); }), item.end());
-    if (item.empty() || item.size() > 9 || !std::all_of(item.begin(), item.end(), [](unsigned char c) { return std::isdigit(c); }))
-      fail("--ids: '{}' is not a token id (expected comma-separated non-negative integers)", item);
-    ids.push_back(std::stoi(item));
-    i = j + 1;
-  }
-  if (ids.empty()) fail("--ids: no token ids given");
-  return ids;
 }
 
 struct TokenizeArgs {
