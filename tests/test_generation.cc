@@ -44,6 +44,26 @@ TEST(Generation, GreedyMatchesTransformersOnTheDefaultModel) {
   }
 }
 
+// The second turn reuses the KV cache for the unchanged prefix; it must give exactly what a
+// fresh run over the whole rendered conversation gives.
+TEST(Generation, ChatReusesTheCacheWithoutChangingTheAnswer) {
+  if (!have_default_model()) GTEST_SKIP() << "run scripts/setup.sh";
+  Model model = Model::open(testing_support::default_gguf());
+  Tokenizer tok = Tokenizer::for_model(model);
+  Oracle oracle(model);
+  ChatSession chat(oracle, tok, std::nullopt);
+  GenerationOptions opts;
+  opts.max_new_tokens = 8;
+  chat.reply("What is the capital of France?", opts);
+  const GenerationResult second = chat.reply("And of Germany?", opts);
+  EXPECT_LT(second.prompt_tokens, int64_t(chat.last_prompt_ids().size())) << "the history was not re-run";
+
+  Oracle fresh(model);
+  const GenerationResult again = Generator(fresh, tok).generate(chat.last_prompt_ids(), opts);
+  EXPECT_EQ(second.tokens, again.tokens);
+  EXPECT_EQ(chat.history().size(), 4u);
+}
+
 TEST(Generation, CliRunChatAnswers) {
   if (!have_default_model()) GTEST_SKIP() << "run scripts/setup.sh";
   auto r = run_tessera("run --chat --prompt 'What is the capital of France?' -n 12 --json");
