@@ -15,9 +15,6 @@
 #include <string>
 #include <vector>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include "io/gguf.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
@@ -27,6 +24,7 @@
 #include "model/tensors.h"
 #include "synth/synth.h"
 #include "util/error.h"
+#include "test_support.h"
 #include "util/half.h"
 
 namespace tessera {
@@ -37,34 +35,12 @@ using nlohmann::json;
 
 const std::string kTokenizers = std::string(TESSERA_SHARED_DIR) + "/data/tokenizers";
 
-// A fresh directory under the test temp dir, removed at the end of the test.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag) {
-    static int counter = 0;
-    path_ = fs::path(::testing::TempDir()) /
-            ("tessera_synth_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-  std::string str() const { return path_.string(); }
+// Scratch directories and the CLI runner come from the shared test support.
+using TempDir = testing_support::ScratchDir;
 
- private:
-  fs::path path_;
-};
+using testing_support::slurp;
 
-std::string read_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-json read_json(const fs::path& p) { return json::parse(read_bytes(p)); }
+json read_json(const fs::path& p) { return json::parse(slurp(p)); }
 
 std::vector<float> to_floats(const TensorInfo& t) {
   std::vector<float> v(size_t(t.numel()));
@@ -268,7 +244,9 @@ TEST(SynthWeights, ShardsWithIndex) {
       EXPECT_EQ(index["weight_map"][t.name].get<std::string>(), f) << t.name;
       in_file += t.nbytes;
     }
-    if (st.tensors().size() > 1) EXPECT_LE(in_file, shard) << f;
+    if (st.tensors().size() > 1) {
+      EXPECT_LE(in_file, shard) << f;
+    }
     bytes += in_file;
   }
   EXPECT_EQ(bytes, total);
@@ -307,7 +285,7 @@ TEST(Synth, TinyQwen3Directory) {
   expect_exact_tensor_set(spec, dir.path());
 
   // The tokenizer is the family's real one, byte for byte.
-  EXPECT_EQ(read_bytes(dir.path() / "tokenizer.json"), read_bytes(fs::path(kTokenizers) / "qwen3/tokenizer.json"));
+  EXPECT_EQ(slurp(dir.path() / "tokenizer.json"), slurp(fs::path(kTokenizers) / "qwen3/tokenizer.json"));
 
   // config.json describes the same model.
   const ModelSpec back = spec_from_hf_config(read_json(dir.path() / "config.json"));
@@ -362,8 +340,8 @@ TEST(Synth, TinyLlamaConfigKeepsRopeScaling) {
   EXPECT_EQ(back.vocab, 128256);
   EXPECT_EQ(back.bos_id, 128000);
   expect_exact_tensor_set(find_preset("Llama-3.2-1B").tiny, dir.path());
-  EXPECT_EQ(read_bytes(dir.path() / "tokenizer_config.json"),
-            read_bytes(fs::path(kTokenizers) / "llama3/tokenizer_config.json"));
+  EXPECT_EQ(slurp(dir.path() / "tokenizer_config.json"),
+            slurp(fs::path(kTokenizers) / "llama3/tokenizer_config.json"));
 }
 
 TEST(Synth, SameSeedSameBytesOtherSeedDiffers) {
@@ -372,8 +350,8 @@ TEST(Synth, SameSeedSameBytesOtherSeedDiffers) {
   synth(tiny_opts("Qwen3-1.7B", b, 11));
   synth(tiny_opts("Qwen3-1.7B", c, 12));
   for (const char* f : {"model.safetensors", "config.json", "tokenizer.json", "tessera_synth.json"})
-    EXPECT_EQ(read_bytes(a.path() / f), read_bytes(b.path() / f)) << f;
-  EXPECT_NE(read_bytes(a.path() / "model.safetensors"), read_bytes(c.path() / "model.safetensors"));
+    EXPECT_EQ(slurp(a.path() / f), slurp(b.path() / f)) << f;
+  EXPECT_NE(slurp(a.path() / "model.safetensors"), slurp(c.path() / "model.safetensors"));
   // Every tensor differs with the seed, not only some.
   const auto ta = load_dir(a.path()), tc = load_dir(c.path());
   for (const auto& [name, t] : ta)
@@ -390,7 +368,7 @@ TEST(Synth, RefusesForeignNonEmptyDir) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("not empty"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(read_bytes(dir.path() / "notes.txt"), "mine");
+  EXPECT_EQ(slurp(dir.path() / "notes.txt"), "mine");
   EXPECT_FALSE(fs::exists(dir.path() / "model.safetensors"));
 }
 
@@ -513,7 +491,7 @@ TEST(SynthCli, WritesTinyModel) {
   // Same bytes as the library call with the same seed.
   TempDir lib("cli_lib");
   synth(tiny_opts("Qwen3-1.7B", lib, 4));
-  EXPECT_EQ(read_bytes(dir.path() / "model.safetensors"), read_bytes(lib.path() / "model.safetensors"));
+  EXPECT_EQ(slurp(dir.path() / "model.safetensors"), slurp(lib.path() / "model.safetensors"));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -35,25 +36,15 @@ struct DumpArgs {
   int threads = 0;
 };
 
-// Token strings for readable output: GGUF vocabulary, or tokenizer.json's next to the weights.
-std::vector<std::string> token_strings(const Model& m) {
-  if (const GgufFile* g = m.gguf())
-    if (const GgufValue* t = g->find("tokenizer.ggml.tokens")) return t->strings;
-  fs::path tj = fs::path(m.path()) / "tokenizer.json";
-  std::vector<std::string> out;
-  if (!fs::exists(tj)) return out;
+// The tokenizer that travels with the model, when it has one: --prompt needs it, and it
+// names the top tokens; a dump by --ids works without it.
+std::optional<Tokenizer> model_tokenizer(const Model& m, bool required) {
   try {
-    std::ifstream in(tj);
-    nlohmann::json j = nlohmann::json::parse(in);
-    out.resize(size_t(m.spec().vocab));
-    for (const auto& [tok, id] : j["model"]["vocab"].items())
-      if (id.get<int64_t>() < int64_t(out.size())) out[size_t(id.get<int64_t>())] = tok;
-    for (const auto& a : j["added_tokens"])
-      if (a["id"].get<int64_t>() < int64_t(out.size())) out[size_t(a["id"].get<int64_t>())] = a["content"];
-  } catch (const std::exception&) {
-    out.clear();  // token strings are a convenience; the dump itself does not need them
+    return Tokenizer::for_model(m);
+  } catch (const Error&) {
+    if (required) throw;
+    return std::nullopt;
   }
-  return out;
 }
 
 void run_dump(const DumpArgs& a) {
@@ -64,10 +55,11 @@ void run_dump(const DumpArgs& a) {
   if (a.prompt_given == !a.ids.empty()) fail("give exactly one of --prompt TEXT or --ids 1,2,3");
   const std::string path = resolve_model_path(a.model);
   Model model = Model::open(path);
+  const std::optional<Tokenizer> tok = model_tokenizer(model, a.prompt_given);
   std::vector<int32_t> ids;
   if (a.prompt_given) {
     if (a.prompt.empty()) fail("the prompt is empty");
-    ids = Tokenizer::for_model(model).encode_prompt(a.prompt);
+    ids = tok->encode_prompt(a.prompt);
   } else {
     ids = parse_ids(a.ids);
   }
@@ -106,12 +98,11 @@ void run_dump(const DumpArgs& a) {
   const size_t k = std::min<size_t>(5, order.size());
   std::partial_sort(order.begin(), order.begin() + long(k), order.end(),
                     [&](int64_t x, int64_t y) { return last_logits[size_t(x)] > last_logits[size_t(y)]; });
-  const auto names = token_strings(model);
   fmt::print("next token after the last position (top {}):\n", k);
   for (size_t i = 0; i < k; ++i) {
     const int64_t id = order[i];
     fmt::print("  {:>7}  logit {:8.4f}  {}\n", id, last_logits[size_t(id)],
-               size_t(id) < names.size() ? nlohmann::json(names[size_t(id)]).dump() : "");
+               tok && id < tok->vocab_size() ? nlohmann::json(tok->token_string(int32_t(id))).dump() : "");
   }
 }
 

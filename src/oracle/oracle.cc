@@ -1,5 +1,7 @@
 #include "oracle/oracle.h"
 
+#include <string_view>
+
 #include "model/tensors.h"
 #include "oracle/ops.h"
 #include "util/error.h"
@@ -88,14 +90,16 @@ std::vector<float> Oracle::forward(std::span<const int32_t> ids, bool all_logits
     if (id < 0 || id >= s.vocab) fail("oracle: token id {} is outside the vocabulary [0, {})", id, s.vocab);
 
   const int64_t H = s.hidden, Q = s.q_dim(), KV = s.kv_dim(), I = s.intermediate, hd = s.head_dim;
-  auto emit = [&](ProbeLevel needed, const std::string& name, const std::vector<float>& v, int64_t cols) {
-    if (probe && level >= needed) probe(name, v.data(), int64_t(v.size()) / cols, cols);
+  // Probe names are built only when a probe asks for them: decode stays free of string work.
+  auto emit = [&](ProbeLevel needed, std::string_view prefix, std::string_view name, const std::vector<float>& v,
+                  int64_t cols) {
+    if (probe && level >= needed) probe(std::string(prefix) + std::string(name), v.data(), int64_t(v.size()) / cols, cols);
   };
 
   std::vector<float> h(static_cast<size_t>(T * H));
   const Weight& embed = model_.get("model.embed_tokens.weight");
   for (int64_t t = 0; t < T; ++t) embed.row_f32(ids[size_t(t)], h.data() + t * H);
-  emit(ProbeLevel::All, "embed", h, H);
+  emit(ProbeLevel::All, "", "embed", h, H);
 
   std::vector<float> x(static_cast<size_t>(T * H)), q(static_cast<size_t>(T * Q)), k(static_cast<size_t>(T * KV)), v(static_cast<size_t>(T * KV));
   std::vector<float> attn(static_cast<size_t>(T * Q)), o(static_cast<size_t>(T * H));
@@ -103,10 +107,10 @@ std::vector<float> Oracle::forward(std::span<const int32_t> ids, bool all_logits
 
   for (int64_t l = 0; l < s.n_layers; ++l) {
     Layer& L = layers_[size_t(l)];
-    const std::string p = fmt::format("layers.{}.", l);
+    const std::string p = probe ? fmt::format("layers.{}.", l) : std::string();
 
     oracle::rmsnorm(h.data(), L.attn_norm.data(), x.data(), T, H, s.rms_eps);
-    emit(ProbeLevel::All, p + "attn_norm", x, H);
+    emit(ProbeLevel::All, p, "attn_norm", x, H);
     oracle::linear(x.data(), T, *L.q, ptr_or_null(L.q_bias), q.data(), threads_);
     oracle::linear(x.data(), T, *L.k, ptr_or_null(L.k_bias), k.data(), threads_);
     oracle::linear(x.data(), T, *L.v, ptr_or_null(L.v_bias), v.data(), threads_);
@@ -116,41 +120,41 @@ std::vector<float> Oracle::forward(std::span<const int32_t> ids, bool all_logits
     }
     oracle::rope(q.data(), T, s.n_heads, hd, position_, inv_freq_);
     oracle::rope(k.data(), T, s.n_kv_heads, hd, position_, inv_freq_);
-    emit(ProbeLevel::All, p + "q", q, Q);
-    emit(ProbeLevel::All, p + "k", k, KV);
-    emit(ProbeLevel::All, p + "v", v, KV);
+    emit(ProbeLevel::All, p, "q", q, Q);
+    emit(ProbeLevel::All, p, "k", k, KV);
+    emit(ProbeLevel::All, p, "v", v, KV);
 
     L.k_cache.insert(L.k_cache.end(), k.begin(), k.end());
     L.v_cache.insert(L.v_cache.end(), v.begin(), v.end());
     oracle::attention(q.data(), T, position_, L.k_cache.data(), L.v_cache.data(), s, attn.data(), threads_);
-    emit(ProbeLevel::All, p + "attn", attn, Q);
+    emit(ProbeLevel::All, p, "attn", attn, Q);
     oracle::linear(attn.data(), T, *L.o, ptr_or_null(L.o_bias), o.data(), threads_);
-    emit(ProbeLevel::All, p + "o_proj", o, H);
+    emit(ProbeLevel::All, p, "o_proj", o, H);
     for (size_t i = 0; i < h.size(); ++i) h[i] += o[i];
-    emit(ProbeLevel::All, p + "attn_residual", h, H);
+    emit(ProbeLevel::All, p, "attn_residual", h, H);
 
     oracle::rmsnorm(h.data(), L.mlp_norm.data(), x.data(), T, H, s.rms_eps);
-    emit(ProbeLevel::All, p + "mlp_norm", x, H);
+    emit(ProbeLevel::All, p, "mlp_norm", x, H);
     oracle::linear(x.data(), T, *L.gate, ptr_or_null(L.gate_bias), gate.data(), threads_);
     oracle::linear(x.data(), T, *L.up, ptr_or_null(L.up_bias), up.data(), threads_);
-    emit(ProbeLevel::All, p + "gate", gate, I);
-    emit(ProbeLevel::All, p + "up", up, I);
+    emit(ProbeLevel::All, p, "gate", gate, I);
+    emit(ProbeLevel::All, p, "up", up, I);
     oracle::silu_mul(gate.data(), up.data(), act.data(), T * I);
-    emit(ProbeLevel::All, p + "act", act, I);
+    emit(ProbeLevel::All, p, "act", act, I);
     oracle::linear(act.data(), T, *L.down, ptr_or_null(L.down_bias), down.data(), threads_);
-    emit(ProbeLevel::All, p + "down", down, H);
+    emit(ProbeLevel::All, p, "down", down, H);
     for (size_t i = 0; i < h.size(); ++i) h[i] += down[i];
-    emit(ProbeLevel::Layers, p + "out", h, H);
+    emit(ProbeLevel::Layers, p, "out", h, H);
   }
   position_ += T;
 
   oracle::rmsnorm(h.data(), final_norm_.data(), x.data(), T, H, s.rms_eps);
-  emit(ProbeLevel::Layers, "final_norm", x, H);
+  emit(ProbeLevel::Layers, "", "final_norm", x, H);
   const int64_t rows = all_logits ? T : 1;
   const float* last = x.data() + (T - rows) * H;
   std::vector<float> logits(static_cast<size_t>(rows * s.vocab));
   oracle::linear(last, rows, model_.lm_head(), nullptr, logits.data(), threads_);
-  emit(ProbeLevel::Layers, "logits", logits, s.vocab);
+  emit(ProbeLevel::Layers, "", "logits", logits, s.vocab);
   return logits;
 }
 
