@@ -4,7 +4,8 @@
 set -euo pipefail
 
 PACKAGES=(build-essential cmake pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev
-          libgtest-dev libgmock-dev libpcre2-dev libutf8proc-dev unzip ca-certificates)
+          libgtest-dev libgmock-dev libpcre2-dev libutf8proc-dev libhwy-dev libssl-dev
+          ninja-build unzip ca-certificates)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/weights.h"
-#include "oracle/oracle.h"
+#include "targets/target.h"
 #include "runtime/chat_session.h"
 #include "test_support.h"
 #include "tokenizer/tokenizer.h"
@@ -30,7 +30,7 @@ TEST(Generation, GreedyMatchesTransformersOnTheDefaultModel) {
   std::ifstream(kFixture) >> fx;
   Model model = Model::open(testing_support::default_gguf());
   Tokenizer tok = Tokenizer::for_model(model);
-  Oracle oracle(model);
+  OracleRunner oracle(model);
   ASSERT_GE(fx["cases"].size(), 3u);
   for (const auto& c : fx["cases"]) {
     ChatSession chat(oracle, tok, std::nullopt);
@@ -50,7 +50,7 @@ TEST(Generation, ChatReusesTheCacheWithoutChangingTheAnswer) {
   if (!have_default_model()) GTEST_SKIP() << "run scripts/setup.sh";
   Model model = Model::open(testing_support::default_gguf());
   Tokenizer tok = Tokenizer::for_model(model);
-  Oracle oracle(model);
+  OracleRunner oracle(model);
   ChatSession chat(oracle, tok, std::nullopt);
   GenerationOptions opts;
   opts.max_new_tokens = 8;
@@ -58,7 +58,7 @@ TEST(Generation, ChatReusesTheCacheWithoutChangingTheAnswer) {
   const GenerationResult second = chat.reply("And of Germany?", opts);
   EXPECT_LT(second.prompt_tokens, int64_t(chat.last_prompt_ids().size())) << "the history was not re-run";
 
-  Oracle fresh(model);
+  OracleRunner fresh(model);
   const GenerationResult again = Generator(fresh, tok).generate(chat.last_prompt_ids(), opts);
   EXPECT_EQ(second.tokens, again.tokens);
   EXPECT_EQ(chat.history().size(), 4u);
@@ -70,7 +70,19 @@ TEST(Generation, CliRunChatAnswers) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_NE(j["text"].get<std::string>().find("Paris"), std::string::npos) << j["text"];
-  EXPECT_EQ(j["executor"], "oracle");
+  EXPECT_EQ(j["executor"], "cpu");  // a model runs on the cpu target unless told otherwise
+}
+
+// The cpu target and the oracle agree on the default model's greedy answer.
+TEST(Generation, CpuTargetAndOracleGiveTheSameGreedyAnswer) {
+  if (!have_default_model()) GTEST_SKIP() << "run scripts/setup.sh";
+  auto cpu = run_tessera("run --chat --prompt 'Name three colors.' -n 16 --json");
+  auto ref = run_tessera("run --chat --prompt 'Name three colors.' -n 16 --json --target oracle");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  const auto jc = nlohmann::json::parse(cpu.out), jr = nlohmann::json::parse(ref.out);
+  EXPECT_EQ(jr["executor"], "oracle");
+  EXPECT_EQ(jc["generated_ids"], jr["generated_ids"]);
 }
 
 void expect_clear_error(const std::string& args, const std::string& needle) {

@@ -1,5 +1,5 @@
 // `tessera run` and `tessera chat`: generate text with a model, streaming tokens as they come.
-// Until a faster target exists, the FP32 oracle executes.
+// The executor is a deployment's frozen plan, or a model on the cpu target (or the oracle).
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -10,7 +10,7 @@
 #include "cli/commands.h"
 #include "io/weights.h"
 #include "model/default_model.h"
-#include "oracle/oracle.h"
+#include "pipeline/executor.h"
 #include "runtime/chat_session.h"
 #include "runtime/generate.h"
 #include "tokenizer/tokenizer.h"
@@ -34,6 +34,7 @@ struct RunArgs {
   uint64_t seed = 0;
   bool json = false;
   int threads = 0;
+  std::string target;
 };
 
 GenerationOptions generation_options(const RunArgs& a) {
@@ -85,34 +86,35 @@ TokenCallback streaming(bool enabled) {
 void run_run(const RunArgs& a) {
   if (!a.prompt_given) fail("--prompt is required (use `tessera chat` for a conversation)");
   const GenerationOptions gen = generation_options(a);
-  const std::string path = resolve_model_path(a.model);
-  Model model = Model::open(path);
-  Tokenizer tok = Tokenizer::for_model(model);
-  Oracle oracle(model, a.threads);
+  Executor ex = open_executor(a.model, a.target, a.threads);
+  Tokenizer tok = Tokenizer::for_model(*ex.model);
+  ModelRunner& runner = *ex.runner;
 
   refuse_unknown_special_tokens(tok, a.prompt);
   refuse_unknown_special_tokens(tok, a.system);
   GenerationResult r;
   std::vector<int32_t> prompt_ids;
   if (a.chat || !a.system.empty()) {
-    ChatSession chat(oracle, tok, a.system.empty() ? std::nullopt : std::optional(a.system), chat_options(a));
+    ChatSession chat(runner, tok, a.system.empty() ? std::nullopt : std::optional(a.system), chat_options(a));
     r = chat.reply(a.prompt, gen, streaming(!a.json));
     prompt_ids = chat.last_prompt_ids();
   } else {
     if (a.prompt.empty()) fail("the prompt is empty: give some text to continue");
     prompt_ids = tok.encode_prompt(a.prompt);
-    r = Generator(oracle, tok).generate(prompt_ids, gen, streaming(!a.json));
+    r = Generator(runner, tok).generate(prompt_ids, gen, streaming(!a.json));
   }
   if (a.json) {
     nlohmann::json j;
-    j["model"] = path;
+    j["model"] = ex.model->path();
+    j["source"] = ex.source;
     j["prompt_ids"] = prompt_ids;
     j["generated_ids"] = r.tokens;
     j["text"] = r.text;
     j["stop_reason"] = r.stop_reason;
     j["prefill_tokens_per_second"] = r.prefill_tokens_per_second();
     j["decode_tokens_per_second"] = r.decode_tokens_per_second();
-    j["executor"] = "oracle";
+    j["executor"] = runner.target();
+    j["executor_description"] = ex.description;
     fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     print_stats(r);
@@ -121,13 +123,11 @@ void run_run(const RunArgs& a) {
 
 void run_chat(const RunArgs& a) {
   const GenerationOptions gen = generation_options(a);
-  const std::string path = resolve_model_path(a.model);
-  Model model = Model::open(path);
-  Tokenizer tok = Tokenizer::for_model(model);
-  Oracle oracle(model, a.threads);
-  ChatSession chat(oracle, tok, a.system.empty() ? std::nullopt : std::optional(a.system), chat_options(a));
-  fmt::print(stderr, "chatting with {} ({} layers); /reset forgets the conversation, /exit or Ctrl-D ends it\n",
-             path, model.spec().n_layers);
+  Executor ex = open_executor(a.model, a.target, a.threads);
+  Tokenizer tok = Tokenizer::for_model(*ex.model);
+  ChatSession chat(*ex.runner, tok, a.system.empty() ? std::nullopt : std::optional(a.system), chat_options(a));
+  fmt::print(stderr, "chatting with {} ({} layers) on {}; /reset forgets the conversation, /exit or Ctrl-D ends it\n",
+             ex.model->path(), ex.model->spec().n_layers, ex.description);
   std::string line;
   while (true) {
     fmt::print(stderr, "> ");
@@ -150,7 +150,10 @@ void run_chat(const RunArgs& a) {
 }
 
 void add_generation_options(CLI::App* cmd, RunArgs& a) {
-  cmd->add_option("model", a.model, "Hugging Face directory or .gguf file (default: SmolLM2-135M-Instruct)");
+  cmd->add_option("model", a.model,
+                  "A deployment directory (runs its frozen plan), or a Hugging Face directory or .gguf file "
+                  "(default: SmolLM2-135M-Instruct)");
+  cmd->add_option("--target", a.target, "For a model: cpu (default) or oracle (the FP32 reference); a deployment runs on its own target");
   cmd->add_option("--system", a.system, "System message (implies the chat template)");
   cmd->add_option("--thinking", a.thinking, "Qwen3 thinking switch: on or off (default: the template's)");
   cmd->add_option("-n,--max-tokens", a.n, "Most tokens to generate")->capture_default_str();
@@ -166,7 +169,7 @@ void add_generation_options(CLI::App* cmd, RunArgs& a) {
 void add_run_command(CLI::App& app) {
   auto a = std::make_shared<RunArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "run", "Generate text from a prompt, streaming tokens as they are produced (executor: the FP32 oracle)");
+      "run", "Generate text from a prompt, streaming tokens as they are produced (a deployment's plan or the cpu target)");
   add_generation_options(cmd, *a);
   cmd->add_option("--prompt", a->prompt, "Prompt text")->each([a](const std::string&) { a->prompt_given = true; });
   cmd->add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template as a user message");

@@ -11,5 +11,8 @@ void add_run_command(CLI::App& app);
 void add_chat_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_detokenize_command(CLI::App& app);
+void add_deploy_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+void add_convert_command(CLI::App& app);
 
 }  // namespace tessera::cli

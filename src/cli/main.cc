@@ -20,6 +20,9 @@ int main(int argc, char** argv) {
   tessera::cli::add_chat_command(app);
   tessera::cli::add_tokenize_command(app);
   tessera::cli::add_detokenize_command(app);
+  tessera::cli::add_deploy_command(app);
+  tessera::cli::add_bench_command(app);
+  tessera::cli::add_convert_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -62,8 +62,11 @@ Oracle::Oracle(const Model& model, int threads)
   inv_freq_ = oracle::rope_inv_freq(s);
 }
 
-void Oracle::reset() {
-  position_ = 0;
+void Oracle::reset(int64_t start_position) {
+  if (start_position < 0 || start_position >= model_.spec().max_position)
+    fail("oracle: start position {} is outside the model's context of {}", start_position, model_.spec().max_position);
+  position_ = start_position;
+  base_ = start_position;
   for (Layer& L : layers_) {
     L.k_cache.clear();
     L.v_cache.clear();
@@ -71,11 +74,11 @@ void Oracle::reset() {
 }
 
 void Oracle::truncate(int64_t positions) {
-  if (positions < 0 || positions > position_) fail("oracle: cannot truncate {} cached positions to {}", position_, positions);
+  if (positions < base_ || positions > position_) fail("oracle: cannot truncate {} cached positions to {}", position_, positions);
   position_ = positions;
   for (Layer& L : layers_) {
-    L.k_cache.resize(size_t(positions * model_.spec().kv_dim()));
-    L.v_cache.resize(size_t(positions * model_.spec().kv_dim()));
+    L.k_cache.resize(size_t((positions - base_) * model_.spec().kv_dim()));
+    L.v_cache.resize(size_t((positions - base_) * model_.spec().kv_dim()));
   }
 }
 
@@ -126,7 +129,7 @@ std::vector<float> Oracle::forward(std::span<const int32_t> ids, bool all_logits
 
     L.k_cache.insert(L.k_cache.end(), k.begin(), k.end());
     L.v_cache.insert(L.v_cache.end(), v.begin(), v.end());
-    oracle::attention(q.data(), T, position_, L.k_cache.data(), L.v_cache.data(), s, attn.data(), threads_);
+    oracle::attention(q.data(), T, position_ - base_, L.k_cache.data(), L.v_cache.data(), s, attn.data(), threads_);
     emit(ProbeLevel::All, p, "attn", attn, Q);
     oracle::linear(attn.data(), T, *L.o, ptr_or_null(L.o_bias), o.data(), threads_);
     emit(ProbeLevel::All, p, "o_proj", o, H);

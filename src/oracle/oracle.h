@@ -34,7 +34,10 @@ class Oracle {
                              const ProbeFn& probe = {}, ProbeLevel level = ProbeLevel::None);
 
   int64_t position() const { return position_; }
-  void reset();
+  // Empties the KV cache. A start position > 0 runs the next tokens as if that many had
+  // come before them (RoPE at long positions without paying for the context): attention
+  // sees only what was run since.
+  void reset(int64_t start_position = 0);
   // Keeps the first `positions` entries of the KV cache (a chat reusing a shared prefix).
   void truncate(int64_t positions);
   const ModelSpec& spec() const { return model_.spec(); }
@@ -49,6 +52,7 @@ class Oracle {
   const Model& model_;
   int threads_;
   int64_t position_ = 0;
+  int64_t base_ = 0;  // the position the cache starts at
   std::vector<Layer> layers_;
   std::vector<float> final_norm_;
   std::vector<float> inv_freq_;

@@ -13,9 +13,9 @@ ChatTemplate template_for(const Tokenizer& tok) {
 }
 }  // namespace
 
-ChatSession::ChatSession(Oracle& oracle, const Tokenizer& tokenizer, std::optional<std::string> system,
+ChatSession::ChatSession(ModelRunner& runner, const Tokenizer& tokenizer, std::optional<std::string> system,
                          ChatOptions chat_options)
-    : oracle_(oracle),
+    : runner_(runner),
       tokenizer_(tokenizer),
       template_(template_for(tokenizer)),
       chat_options_(chat_options),
@@ -26,7 +26,7 @@ ChatSession::ChatSession(Oracle& oracle, const Tokenizer& tokenizer, std::option
 void ChatSession::reset() {
   history_.clear();
   if (system_) history_.push_back({"system", *system_});
-  oracle_.reset();
+  runner_.reset();
   cached_.clear();
 }
 
@@ -43,15 +43,15 @@ GenerationResult ChatSession::reply(const std::string& user_text, const Generati
   // Reuse the cache for the unchanged prefix; at least one token must run to get logits.
   size_t keep = size_t(std::mismatch(cached_.begin(), cached_.end(), ids.begin(), ids.end()).first - cached_.begin());
   keep = std::min(keep, ids.size() - 1);
-  oracle_.truncate(int64_t(keep));
+  runner_.truncate(int64_t(keep));
   cached_.resize(keep);
   const std::vector<int32_t> fresh(ids.begin() + long(keep), ids.end());
-  GenerationResult r = Generator(oracle_, tokenizer_).generate(fresh, options, on_token);
+  GenerationResult r = Generator(runner_, tokenizer_).generate(fresh, options, on_token);
   last_prompt_ = ids;
 
   cached_ = ids;
   cached_.insert(cached_.end(), r.tokens.begin(), r.tokens.end());
-  cached_.resize(size_t(oracle_.position()));  // the last sampled token was never run
+  cached_.resize(size_t(runner_.position()));  // the last sampled token was never run
   history_ = std::move(messages);
   history_.push_back({"assistant", r.text});
   return r;

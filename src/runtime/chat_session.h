@@ -13,7 +13,7 @@ namespace tessera {
 class ChatSession {
  public:
   // Throws tessera::Error when the model ships no chat template or an unrecognised one.
-  ChatSession(Oracle& oracle, const Tokenizer& tokenizer, std::optional<std::string> system,
+  ChatSession(ModelRunner& runner, const Tokenizer& tokenizer, std::optional<std::string> system,
               ChatOptions chat_options = {});
 
   // Adds the user's message, generates the reply, adds it to the history.
@@ -25,13 +25,13 @@ class ChatSession {
   const std::vector<int32_t>& last_prompt_ids() const { return last_prompt_; }
 
  private:
-  Oracle& oracle_;
+  ModelRunner& runner_;
   const Tokenizer& tokenizer_;
   ChatTemplate template_;
   ChatOptions chat_options_;
   std::optional<std::string> system_;
   std::vector<ChatMessage> history_;
-  std::vector<int32_t> cached_;  // ids whose keys and values the oracle holds, in order
+  std::vector<int32_t> cached_;  // ids whose keys and values the runner holds, in order
   std::vector<int32_t> last_prompt_;
 };
 

@@ -48,12 +48,12 @@ std::string Utf8Stream::flush() {
 
 GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const GenerationOptions& options,
                                      const TokenCallback& on_token) {
-  const ModelSpec& spec = oracle_.spec();
+  const ModelSpec& spec = runner_.spec();
   if (prompt.empty()) fail("the prompt is empty: give some text to continue");
   if (options.max_new_tokens < 0) fail("-n must be >= 0, got {}", options.max_new_tokens);
-  if (oracle_.position() + int64_t(prompt.size()) > spec.max_position)
+  if (runner_.position() + int64_t(prompt.size()) > spec.max_position)
     fail("the prompt has {} tokens{}, more than the model's context of {} tokens", prompt.size(),
-         oracle_.position() > 0 ? fmt::format(" after {} already in the conversation", oracle_.position()) : "",
+         runner_.position() > 0 ? fmt::format(" after {} already in the conversation", runner_.position()) : "",
          spec.max_position);
   Sampler sampler(options.sampling);
   const auto& eos = tokenizer_.eos_ids();
@@ -64,7 +64,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const G
 
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
-  std::vector<float> logits = oracle_.forward(prompt, /*all_logits=*/false);
+  std::vector<float> logits = runner_.forward(prompt, /*all_logits=*/false);
   r.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
 
   t0 = clock::now();
@@ -83,11 +83,11 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const G
       break;
     }
     if (i + 1 == options.max_new_tokens) break;
-    if (oracle_.position() + 1 > spec.max_position) {
+    if (runner_.position() + 1 > spec.max_position) {
       r.stop_reason = "context";
       break;
     }
-    logits = oracle_.forward(std::span(&next, 1), /*all_logits=*/false);
+    logits = runner_.forward(std::span(&next, 1), /*all_logits=*/false);
   }
   r.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   const std::string rest = stream.flush();

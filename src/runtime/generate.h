@@ -1,13 +1,13 @@
 // Text generation: prefill the prompt, then decode token by token with the KV cache,
 // streaming each token as it is produced and stopping on the family's EOS set.
-// Until a faster target exists, the FP32 oracle executes.
+// Any target executes it (ModelRunner): the cpu target normally, the oracle for reference.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
-#include "oracle/oracle.h"
+#include "targets/target.h"
 #include "runtime/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -46,15 +46,15 @@ class Utf8Stream {
 
 class Generator {
  public:
-  Generator(Oracle& oracle, const Tokenizer& tokenizer) : oracle_(oracle), tokenizer_(tokenizer) {}
+  Generator(ModelRunner& runner, const Tokenizer& tokenizer) : runner_(runner), tokenizer_(tokenizer) {}
 
-  // Runs `prompt` after whatever the oracle's KV cache already holds (so a chat can extend
+  // Runs `prompt` after whatever the runner's KV cache already holds (so a chat can extend
   // its conversation) and generates up to options.max_new_tokens.
   GenerationResult generate(const std::vector<int32_t>& prompt, const GenerationOptions& options,
                             const TokenCallback& on_token = {});
 
  private:
-  Oracle& oracle_;
+  ModelRunner& runner_;
   const Tokenizer& tokenizer_;
 };
 

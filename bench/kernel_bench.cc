@@ -1,0 +1,240 @@
+// Micro-benchmarks of the cpu kernels: memory read bandwidth, GEMV bandwidth, GEMM
+// throughput, attention and the pool's overhead, per ISA path and thread count.
+// Usage: tessera_kernel_bench [--quick]
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "targets/cpu/kernels.h"
+
+using namespace tessera::cpu;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+bool g_quick = false;
+std::string g_only;      // "", "gemv", "gemm", "attn", "pool", "bw"
+int g_threads = 0;       // 0: 1 and 2
+std::string g_path;      // "": every path
+bool want(const char* what) { return g_only.empty() || g_only == what; }
+
+// Best time of repeated runs of fn, in seconds (runs for at least `min_s` in total).
+double best_time(const std::function<void()>& fn, double min_s = 0.3, int min_reps = 3) {
+  fn();  // warm up
+  double best = 1e30, total = 0;
+  for (int rep = 0; rep < min_reps || total < min_s; ++rep) {
+    const auto t0 = Clock::now();
+    fn();
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::min(best, dt);
+    total += dt;
+    if (rep > 2000) break;
+  }
+  return best;
+}
+
+__attribute__((target("avx512f"))) uint64_t read_sum(const uint8_t* p, size_t bytes) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = 0; i + 256 <= bytes; i += 256) {
+    a0 = _mm512_xor_si512(a0, _mm512_load_si512(p + i));
+    a1 = _mm512_xor_si512(a1, _mm512_load_si512(p + i + 64));
+    a2 = _mm512_xor_si512(a2, _mm512_load_si512(p + i + 128));
+    a3 = _mm512_xor_si512(a3, _mm512_load_si512(p + i + 192));
+  }
+  a0 = _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3));
+  alignas(64) uint64_t out[8];
+  _mm512_store_si512(out, a0);
+  return out[0] ^ out[3] ^ out[7];
+}
+
+// Multi-threaded read loop over a 1 GiB buffer, timed per 128 MiB slice (rotating through the
+// buffer, so every slice comes from DRAM); best slice, to see past other processes' noise.
+double read_bandwidth(ThreadPool& pool) {
+  const size_t bytes = size_t(1) << 30, slice = size_t(128) << 20;
+  auto* buf = static_cast<uint8_t*>(std::aligned_alloc(4096, bytes));
+  std::memset(buf, 1, bytes);
+  volatile uint64_t sink = 0;
+  const int64_t chunks = 32;
+  size_t off = 0;
+  const double t = best_time([&] {
+    const uint8_t* base = buf + off;
+    off = (off + slice) % bytes;
+    pool.parallel_for(chunks, [&](int64_t b, int64_t e) {
+      uint64_t s = 0;
+      for (int64_t c = b; c < e; ++c) s ^= read_sum(base + size_t(c) * (slice / chunks), slice / chunks);
+      sink = sink ^ s;
+    });
+  }, g_quick ? 0.5 : 1.5, 16);
+  std::free(buf);
+  return double(slice) / t / 1e9;
+}
+
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7FFF + ((u >> 16) & 1);
+  return uint16_t(u >> 16);
+}
+
+// Enough copies of an [N, K] bf16 matrix to span > 256 MiB, so GEMV reads come from DRAM
+// as they do in a real decode step (the whole model does not fit the caches).
+struct Weights {
+  std::vector<std::vector<uint16_t>> copies;
+  int64_t N, K;
+  Weights(int64_t n, int64_t k, size_t min_total = size_t(256) << 20) : N(n), K(k) {
+    const size_t one = size_t(N * K) * 2;
+    const size_t count = std::max<size_t>(1, (min_total + one - 1) / one);
+    std::mt19937 rng(1);
+    std::normal_distribution<float> d(0.0f, 0.05f);
+    std::vector<uint16_t> base(size_t(N * K));
+    for (auto& v : base) v = to_bf16(d(rng));
+    copies.assign(count, base);
+  }
+};
+
+struct Shape {
+  const char* model;
+  const char* name;
+  int64_t N, K;
+};
+
+const Shape kShapes[] = {
+    {"135M", "q_proj", 576, 576},       {"135M", "gate/up", 1536, 576},   {"135M", "down", 576, 1536},
+    {"135M", "lm_head", 49152, 576},    {"1B", "q_proj", 2048, 2048},     {"1B", "gate/up", 8192, 2048},
+    {"1B", "down", 2048, 8192},         {"1B", "lm_head", 128256, 2048},
+};
+
+void bench_gemv(ThreadPool& pool, double bw) {
+  for (const Shape& s : kShapes) {
+    Weights w(s.N, s.K);
+    std::vector<float> x(size_t(s.K), 0.5f), y(size_t(s.N));
+    size_t i = 0;
+    const size_t per_call = size_t(s.N * s.K) * 2;
+    const int calls = int(std::max<size_t>(1, (size_t(64) << 20) / per_call));  // >= 64 MiB a timing
+    const double t = best_time([&] {
+      for (int c = 0; c < calls; ++c) {
+        matmul(x.data(), 1, Bf16Matrix{w.copies[i].data(), s.N, s.K}, nullptr, y.data(), pool);
+        i = (i + 1) % w.copies.size();
+      }
+    }, g_quick ? 0.1 : 0.3);
+    const double gbs = double(per_call) * calls / t / 1e9;
+    std::printf("  gemv %-5s %-8s [%6ld x %5ld]  %8.1f us  %6.1f GB/s  %5.1f%% of read bw\n", s.model, s.name,
+                long(s.N), long(s.K), t / calls * 1e6, gbs, 100.0 * gbs / bw);
+  }
+}
+
+void bench_gemm(ThreadPool& pool) {
+  for (int64_t T : {128, 512}) {
+    for (const Shape& s : kShapes) {
+      if (std::string(s.name) == "lm_head") continue;  // prefill runs lm_head on the last token only
+      Weights w(s.N, s.K, 0);
+      std::mt19937 rng(2);
+      std::normal_distribution<float> d;
+      std::vector<float> x(size_t(T * s.K)), y(size_t(T * s.N));
+      for (auto& v : x) v = d(rng);
+      const double t = best_time([&] {
+        matmul(x.data(), T, Bf16Matrix{w.copies[0].data(), s.N, s.K}, nullptr, y.data(), pool);
+      }, g_quick ? 0.1 : 0.3, 2);
+      std::printf("  gemm T=%-3ld %-5s %-8s [%6ld x %5ld]  %9.1f us  %7.1f GFLOP/s\n", long(T), s.model, s.name,
+                  long(s.N), long(s.K), t * 1e6, 2.0 * double(T * s.N * s.K) / t / 1e9);
+    }
+  }
+}
+
+void bench_attention(ThreadPool& pool) {
+  struct A {
+    const char* model;
+    int64_t nh, nkv;
+  };
+  const A models[] = {{"135M", 9, 3}, {"1B", 32, 8}};
+  const int64_t hd = 64;
+  for (const A& m : models) {
+    for (int64_t ctx : {128, 512, 2048}) {
+      const int64_t kv_dim = m.nkv * hd;
+      KvCache cache(1, kv_dim);
+      std::mt19937 rng(3);
+      std::normal_distribution<float> d;
+      std::vector<float> kv(size_t(ctx * kv_dim));
+      for (auto& v : kv) v = d(rng);
+      cache.write(0, 0, kv.data(), kv.data(), ctx);
+      std::vector<float> q(size_t(ctx * m.nh * hd)), out(q.size());
+      for (auto& v : q) v = d(rng);
+      const float scale = 0.125f;
+      const double td = best_time([&] {
+        attention(q.data(), 1, ctx - 1, cache, 0, m.nh, m.nkv, hd, scale, out.data(), pool);
+      }, g_quick ? 0.05 : 0.2);
+      std::printf("  attn %-5s decode  ctx=%-5ld %9.1f us/layer\n", m.model, long(ctx), td * 1e6);
+      if (ctx > 512) continue;
+      const double tp = best_time([&] {
+        attention(q.data(), ctx, 0, cache, 0, m.nh, m.nkv, hd, scale, out.data(), pool);
+      }, g_quick ? 0.05 : 0.2);
+      const double flops = 4.0 * double(m.nh) * hd * double(ctx) * double(ctx + 1) / 2;
+      std::printf("  attn %-5s prefill T=%-5ld %9.1f us/layer  %6.1f GFLOP/s\n", m.model, long(ctx), tp * 1e6,
+                  flops / tp / 1e9);
+    }
+  }
+}
+
+void bench_pool(ThreadPool& pool) {
+  const int reps = 200000;
+  for (int64_t n : {int64_t(pool.size()), int64_t(64)}) {
+    const double t = best_time([&] {
+      for (int r = 0; r < reps; ++r) pool.parallel_for(n, [](int64_t, int64_t) {});
+    }, 0.1, 2);
+    std::printf("  pool empty parallel_for(n=%ld): %.2f us\n", long(n), t / reps * 1e6);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") g_quick = true;
+    else if (a == "--only" && i + 1 < argc) g_only = argv[++i];
+    else if (a == "--threads" && i + 1 < argc) g_threads = std::atoi(argv[++i]);
+    else if (a == "--path" && i + 1 < argc) g_path = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: tessera_kernel_bench [--quick] [--only gemv|gemm|attn|pool|bw] [--threads N] [--path P]\n");
+      return 2;
+    }
+  }
+  std::printf("tessera kernel bench; ISAs available: ");
+  for (const auto& s : available_isas()) std::printf("%s ", s.c_str());
+  std::printf("\n");
+  std::vector<std::string> paths;
+  for (const auto& s : available_isas())
+    if (s == "avx512bf16") paths.push_back(s);
+  paths.push_back("hwy");
+  if (!g_path.empty()) paths = {g_path};
+  std::vector<int> thread_counts = {1, 2};
+  if (g_threads > 0) thread_counts = {g_threads};
+  for (int threads : thread_counts) {
+    ThreadPool pool(threads);
+    std::printf("\n=== %d thread%s ===\n", threads, threads > 1 ? "s" : "");
+    double bw = 0;
+    if (want("bw") || want("gemv")) {
+      bw = read_bandwidth(pool);
+      std::printf("  read bandwidth (1 GiB): %.1f GB/s\n", bw);
+    }
+    if (want("pool")) bench_pool(pool);
+    for (const auto& path : paths) {
+      set_isa(path);
+      std::printf(" -- path %s (isa %s)\n", path.c_str(), isa().c_str());
+      if (want("gemv")) bench_gemv(pool, bw);
+      if (want("gemm")) bench_gemm(pool);
+      if (want("attn")) bench_attention(pool);
+    }
+    set_isa("auto");
+  }
+  return 0;
+}

@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# tessera against llama.cpp on the host CPU, same weights (BF16), same threads, same run.
+#
+#   bench/llama_cpp.sh [MODEL] [--threads N] [--tessera BIN] [--reps N] [--gen N]
+#                      [--llama-only] [--tessera-on-bf16] [--json FILE]
+#
+# MODEL: a Hugging Face directory or GGUF file (default: the default model,
+# models/SmolLM2-135M-Instruct.Q4_1.gguf). llama.cpp's llama-bench is built from the
+# llama.cpp vendored in the source distribution of the PyPI package llama-cpp-python
+# (pinned below), once, under ${TESSERA_CACHE:-$HOME/.cache/tessera}/llama.cpp; the model is
+# written as a BF16 GGUF with `tessera convert` (cached by source path and mtime). Then both
+# sides run, one after the other, with the same thread count, and a table prints each
+# metric, both numbers and the ratio tessera / llama.cpp (> 1: tessera is faster).
+# See bench/README.md.
+set -euo pipefail
+
+LLAMA_CPP_PYTHON_VERSION=0.3.36
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE=${TESSERA_CACHE:-$HOME/.cache/tessera}/llama.cpp
+
+MODEL=""
+THREADS=$(nproc)
+TESSERA=$ROOT/build/tessera
+REPS=3
+GEN=32
+LLAMA_ONLY=0
+TESSERA_ON_BF16=0
+JSON_OUT=""
+
+die() { echo "llama_cpp.sh: error: $*" >&2; exit 1; }
+say() { echo "llama_cpp.sh: $*" >&2; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --threads|-t) THREADS=${2:?--threads needs N}; shift 2 ;;
+    --threads=*) THREADS=${1#*=}; shift ;;
+    --tessera) TESSERA=${2:?--tessera needs BIN}; shift 2 ;;
+    --tessera=*) TESSERA=${1#*=}; shift ;;
+    --reps|-r) REPS=${2:?--reps needs N}; shift 2 ;;
+    --gen) GEN=${2:?--gen needs N}; shift 2 ;;
+    --llama-only) LLAMA_ONLY=1; shift ;;
+    --tessera-on-bf16) TESSERA_ON_BF16=1; shift ;;
+    --json) JSON_OUT=${2:?--json needs FILE}; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) die "unknown option '$1' (see --help)" ;;
+    *) [ -z "$MODEL" ] || die "more than one MODEL given ('$MODEL', '$1')"; MODEL=$1; shift ;;
+  esac
+done
+[ -n "$MODEL" ] || MODEL=${TESSERA_DEFAULT_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+[ -e "$MODEL" ] || die "$MODEL: no such model (run scripts/setup.sh for the default model)"
+MODEL=$(realpath "$MODEL")
+[[ "$THREADS" =~ ^[1-9][0-9]*$ ]] || die "--threads must be a positive integer, got '$THREADS'"
+[[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "--reps must be a positive integer, got '$REPS'"
+[[ "$GEN" =~ ^[1-9][0-9]*$ ]] || die "--gen must be a positive integer, got '$GEN'"
+[ -x "$TESSERA" ] || die "$TESSERA: no tessera binary (build it: scripts/setup.sh, or pass --tessera BIN)"
+command -v python3 >/dev/null || die "python3 is needed to read the JSON results"
+mkdir -p "$CACHE"
+
+# --- 1. llama-bench from the llama-cpp-python source distribution (cached) -------------
+SDIST=$CACHE/sdist/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz
+SRC=$CACHE/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp
+BUILD=$CACHE/build-$LLAMA_CPP_PYTHON_VERSION
+LLAMA_BENCH=$BUILD/bin/llama-bench
+CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON
+             -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF
+             -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
+             -DLLAMA_BUILD_TOOLS=ON)
+
+if [ ! -f "$SDIST" ]; then
+  command -v pip >/dev/null || command -v pip3 >/dev/null || die "pip is needed to fetch llama-cpp-python"
+  PIP=$(command -v pip || command -v pip3)
+  say "downloading llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION (source distribution) ..."
+  mkdir -p "$CACHE/sdist"
+  "$PIP" download --quiet --no-binary :all: --no-deps -d "$CACHE/sdist" \
+    "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" >&2 || die "pip download of llama-cpp-python failed"
+  [ -f "$SDIST" ] || die "pip did not leave $SDIST"
+fi
+if [ ! -f "$SRC/CMakeLists.txt" ]; then
+  say "unpacking $(basename "$SDIST") ..."
+  mkdir -p "$CACHE/src"
+  tar -xzf "$SDIST" -C "$CACHE/src"
+  [ -f "$SRC/CMakeLists.txt" ] || die "$SDIST holds no vendor/llama.cpp"
+fi
+STAMP=$BUILD/tessera-cmake-flags
+if [ ! -x "$LLAMA_BENCH" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "${CMAKE_FLAGS[*]}" ]; then
+  GEN_FLAG=(); command -v ninja >/dev/null && GEN_FLAG=(-G Ninja)
+  say "building llama-bench (llama.cpp from llama-cpp-python $LLAMA_CPP_PYTHON_VERSION; takes minutes) ..."
+  nice cmake -S "$SRC" -B "$BUILD" "${GEN_FLAG[@]}" "${CMAKE_FLAGS[@]}" >"$BUILD.log" 2>&1 \
+    || die "configuring llama.cpp failed (see $BUILD.log)"
+  nice cmake --build "$BUILD" --target llama-bench -j "${LLAMA_BUILD_JOBS:-2}" >>"$BUILD.log" 2>&1 \
+    || die "building llama-bench failed (see $BUILD.log)"
+  echo "${CMAKE_FLAGS[*]}" >"$STAMP"
+fi
+[ -x "$LLAMA_BENCH" ] || die "$LLAMA_BENCH was not built (see $BUILD.log)"
+LLAMA_BENCH_HELP=$("$LLAMA_BENCH" --help 2>&1 || true)
+grep -q -- '--n-depth' <<<"$LLAMA_BENCH_HELP" \
+  || die "this llama-bench has no -d/--n-depth option (decode at a context needs it)"
+
+# --- 2. the same weights as a BF16 GGUF (cached by source path and mtime) --------------
+if [ -d "$MODEL" ]; then
+  MTIME=$(find "$MODEL" -maxdepth 1 -type f \( -name '*.json' -o -name '*.safetensors' \) -printf '%T@\n' | sort -n | tail -1)
+else
+  MTIME=$(stat -c %Y "$MODEL")
+fi
+KEY=$(printf 'convert-v1\n%s\n%s\n' "$MODEL" "$MTIME" | sha256sum | cut -c1-16)
+NAME=$(basename "$MODEL"); NAME=${NAME%.gguf}
+GGUF=$CACHE/models/$NAME-$KEY.bf16.gguf
+if [ ! -f "$GGUF" ]; then
+  mkdir -p "$CACHE/models"
+  say "converting $MODEL to BF16 GGUF ..."
+  "$TESSERA" convert "$MODEL" --to gguf --dtype bf16 --out "$GGUF.part" --quiet >&2 \
+    || { rm -f "$GGUF.part"; die "tessera convert failed"; }
+  mv "$GGUF.part" "$GGUF"
+fi
+
+# --- 3. llama.cpp: prefill at 128 and 512 tokens, decode after a 128- and 512-token context
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+say "llama-bench: prefill (-p 128,512), $THREADS threads, $REPS repetitions ..."
+"$LLAMA_BENCH" -m "$GGUF" -t "$THREADS" -p 128,512 -n 0 -r "$REPS" -o json \
+  >"$WORK/llama_prefill.json" 2>"$WORK/llama_prefill.err" \
+  || { cat "$WORK/llama_prefill.err" >&2; die "llama-bench (prefill) failed"; }
+say "llama-bench: decode $GEN tokens at depth 128 and 512 (-d 128,512) ..."
+"$LLAMA_BENCH" -m "$GGUF" -t "$THREADS" -p 0 -n "$GEN" -d 128,512 -r "$REPS" -o json \
+  >"$WORK/llama_decode.json" 2>"$WORK/llama_decode.err" \
+  || { cat "$WORK/llama_decode.err" >&2; die "llama-bench (decode) failed"; }
+
+# --- 4. tessera, same model, same threads -----------------------------------------------
+TESSERA_STATUS=ok
+if [ "$LLAMA_ONLY" = 1 ]; then
+  TESSERA_STATUS="skipped (--llama-only)"
+elif ! grep -qE '^ +bench( |$)' <<<"$("$TESSERA" --help 2>/dev/null || true)"; then
+  TESSERA_STATUS="$TESSERA has no 'bench' command yet"
+else
+  TESSERA_MODEL=$MODEL
+  [ "$TESSERA_ON_BF16" = 1 ] && TESSERA_MODEL=$GGUF
+  say "tessera bench $TESSERA_MODEL --target cpu --threads $THREADS ..."
+  if ! "$TESSERA" bench "$TESSERA_MODEL" --target cpu --threads "$THREADS" --json \
+       >"$WORK/tessera.json" 2>"$WORK/tessera.err"; then
+    cat "$WORK/tessera.err" >&2
+    TESSERA_STATUS="tessera bench failed (exit status above)"
+  fi
+fi
+[ "$TESSERA_STATUS" = ok ] || rm -f "$WORK/tessera.json"
+
+# --- 5. the table -----------------------------------------------------------------------
+python3 - "$WORK" "$MODEL" "$GGUF" "$THREADS" "$LLAMA_CPP_PYTHON_VERSION" "$TESSERA_STATUS" "$JSON_OUT" <<'PY'
+import json, os, sys
+work, model, gguf, threads, version, status, json_out = sys.argv[1:8]
+
+def load(name):
+    p = os.path.join(work, name)
+    if not os.path.exists(p):
+        return None
+    with open(p) as f:
+        text = f.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        sys.exit(f"llama_cpp.sh: error: {name} is not JSON ({e}): {text[:200]!r}")
+
+llama = {}
+for entry in (load("llama_prefill.json") or []) + (load("llama_decode.json") or []):
+    if entry.get("n_gen", 0) == 0:
+        llama[f"prefill {entry['n_prompt']}"] = (entry["avg_ts"], entry.get("stddev_ts", 0.0))
+    else:
+        llama[f"decode @{entry.get('n_depth', 0)}"] = (entry["avg_ts"], entry.get("stddev_ts", 0.0))
+
+t = load("tessera.json")
+tess = {}
+if t:
+    for p in t.get("prefill", []):
+        tess[f"prefill {p['prompt_len']}"] = p["tokens_per_s"]
+    for d in t.get("decode", []):
+        tess[f"decode @{d['context']}"] = d["tokens_per_s"]
+
+rows = ["prefill 128", "prefill 512", "decode @128", "decode @512"]
+print(f"model      {model}")
+print(f"llama.cpp  llama-bench from llama-cpp-python {version}, weights {os.path.basename(gguf)}")
+print(f"threads    {threads}")
+print()
+print(f"{'metric (tokens/s)':<20} | {'tessera':>10} | {'llama.cpp':>18} | {'ratio':>6}")
+print(f"{'-' * 20}-+-{'-' * 10}-+-{'-' * 18}-+-{'-' * 6}")
+summary = {"model": model, "threads": int(threads), "llama_cpp_python": version, "rows": []}
+for r in rows:
+    lv = llama.get(r)
+    tv = tess.get(r)
+    ls = f"{lv[0]:10.1f} ± {lv[1]:5.1f}" if lv else f"{'n/a':>18}"
+    ts = f"{tv:10.1f}" if tv is not None else f"{'n/a':>10}"
+    ratio = f"{tv / lv[0]:6.2f}" if (lv and tv is not None and lv[0] > 0) else f"{'n/a':>6}"
+    print(f"{r:<20} | {ts} | {ls} | {ratio}")
+    summary["rows"].append({"metric": r, "tessera": tv, "llama_cpp": lv[0] if lv else None,
+                            "llama_cpp_stddev": lv[1] if lv else None,
+                            "ratio": (tv / lv[0]) if (lv and tv is not None and lv[0] > 0) else None})
+print()
+if t:
+    bw = t.get("read_bandwidth_gbs")
+    bpt = t.get("bytes_per_token", {})
+    roof = t.get("roofline_fraction", {})
+    if bw:
+        print(f"read bandwidth {bw:.1f} GB/s (tessera's measurement, {threads} threads)")
+    for ctx in sorted(set(roof) | set(bpt), key=lambda k: (len(str(k)), str(k))):
+        parts = []
+        if ctx in roof:
+            parts.append(f"tessera {float(roof[ctx]):.2f}")
+        lv = llama.get(f"decode @{ctx}")
+        if bw and ctx in bpt and lv:
+            # llama.cpp reads the same bytes per token (same BF16 weights, same KV cache size).
+            parts.append(f"llama.cpp {lv[0] * float(bpt[ctx]) / (bw * 1e9):.2f}")
+        if parts:
+            print(f"decode @{ctx} roofline fraction (tokens/s x bytes/token / bandwidth): " + ", ".join(parts))
+    summary["tessera"] = t
+else:
+    print(f"tessera: {status}")
+if json_out:
+    with open(json_out, "w") as f:
+        json.dump(summary, f, indent=1)
+PY
+if [ "$TESSERA_STATUS" != ok ] && [ "$LLAMA_ONLY" != 1 ]; then
+  die "tessera side: $TESSERA_STATUS (the llama.cpp numbers above stand alone; --llama-only skips tessera)"
+fi

@@ -1,0 +1,134 @@
+// `tessera bench MODEL_OR_DIR --target cpu`: prefill and decode throughput, and the
+// machine's read bandwidth measured in the same run, so decode can be held against its
+// roof (bandwidth / bytes read per token). A benchmark, not a test: it reports, it does
+// not judge. bench/llama_cpp.sh runs llama.cpp beside it and prints the ratios.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli/commands.h"
+#include "pipeline/executor.h"
+#include "runtime/bandwidth.h"
+#include "targets/cpu/cpu_runner.h"
+#include "targets/cpu/kernels.h"
+#include "util/error.h"
+#include "util/parallel.h"
+
+namespace tessera::cli {
+
+namespace {
+
+struct BenchArgs {
+  std::string model;
+  std::string target;
+  std::vector<int> prompt_lens;
+  int decode_tokens = 32;
+  int repeats = 3;
+  int threads = 0;
+  bool json = false;
+  bool no_bandwidth = false;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+void run_bench(const BenchArgs& a) {
+  if (a.repeats < 1) fail("--repeats must be >= 1, got {}", a.repeats);
+  if (a.decode_tokens < 1) fail("--decode-tokens must be >= 1, got {}", a.decode_tokens);
+  Executor ex = open_executor(a.model, a.target, a.threads);
+  ModelRunner& runner = *ex.runner;
+  const ModelSpec& s = runner.spec();
+  std::vector<int> lens = a.prompt_lens.empty() ? std::vector<int>{128, 512} : a.prompt_lens;
+  for (int L : lens)
+    if (L < 1 || L + a.decode_tokens >= s.max_position) fail("--prompt-len {} does not fit the model's context of {}", L, s.max_position);
+  const int threads = a.threads > 0 ? a.threads : default_threads();
+
+  // Token ids drawn uniformly (fixed seed): throughput does not depend on which ids.
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int32_t> pick(0, int32_t(s.vocab - 1));
+  const int max_len = *std::max_element(lens.begin(), lens.end());
+  std::vector<int32_t> ids(size_t(max_len + a.decode_tokens));
+  for (int32_t& id : ids) id = pick(rng);
+
+  auto say = [&](const std::string& line) {
+    if (!a.json) fmt::print(stderr, "{}\n", line);
+  };
+  say(fmt::format("tessera bench: {} on {} ({} threads)", ex.source, ex.description, threads));
+  nlohmann::json out = {{"model", ex.model->path()}, {"source", ex.source}, {"target", runner.target()}, {"threads", threads},
+                        {"repeats", a.repeats}};
+  if (runner.target() == "cpu") out["isa"] = cpu::isa();
+
+  // Warm-up: the first touch of mapped weights and buffer growth are not throughput.
+  runner.reset();
+  runner.forward(std::span(ids).first(size_t(std::min(max_len, 64))), false);
+
+  for (int L : lens) {
+    std::vector<double> tps;
+    for (int r = 0; r < a.repeats; ++r) {
+      runner.reset();
+      const auto t0 = std::chrono::steady_clock::now();
+      runner.forward(std::span(ids).first(size_t(L)), false);
+      tps.push_back(L / seconds_since(t0));
+    }
+    out["prefill"].push_back({{"prompt_len", L}, {"tokens_per_s", median(tps)}, {"samples", tps}});
+    say(fmt::format("  prefill {:>4} tokens: {:8.1f} tok/s", L, median(tps)));
+  }
+  for (int C : lens) {
+    std::vector<double> tps;
+    for (int r = 0; r < a.repeats; ++r) {
+      runner.reset();
+      runner.forward(std::span(ids).first(size_t(C)), false);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < a.decode_tokens; ++i) runner.forward(std::span(ids).subspan(size_t(C + i), 1), false);
+      tps.push_back(a.decode_tokens / seconds_since(t0));
+    }
+    out["decode"].push_back({{"context", C}, {"tokens_per_s", median(tps)}, {"samples", tps}});
+    say(fmt::format("  decode at context {:>4}: {:8.1f} tok/s", C, median(tps)));
+  }
+
+  if (const auto* cpu = dynamic_cast<const CpuRunner*>(&runner); cpu && !a.no_bandwidth) {
+    const double bw = measure_read_bandwidth_gbs(threads);
+    out["read_bandwidth_gbs"] = bw;
+    say(fmt::format("  read bandwidth ({} threads): {:.1f} GB/s", threads, bw));
+    for (const auto& d : out["decode"]) {
+      const int C = d["context"].get<int>();
+      // Decode reads every weight once, plus the keys and values of the C positions before it.
+      const int64_t bytes = cpu->weight_bytes_per_token() + int64_t(C) * cpu->kv_bytes_per_position();
+      const double roof = bw * 1e9 / double(bytes);
+      out["bytes_per_token"][std::to_string(C)] = bytes;
+      out["roofline_tokens_per_s"][std::to_string(C)] = roof;
+      out["roofline_fraction"][std::to_string(C)] = d["tokens_per_s"].get<double>() / roof;
+      say(fmt::format("  decode at {:>4}: {:.1f} MB read per token, roof {:.1f} tok/s, reached {:.0f}%", C, bytes / 1e6, roof,
+                      100 * d["tokens_per_s"].get<double>() / roof));
+    }
+  }
+  if (a.json) fmt::print("{}\n", out.dump(2));
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "Measure prefill and decode tokens/s (at 128 and 512 tokens by default) and the machine's read bandwidth");
+  cmd->add_option("model", a->model, "A deployment directory, or a Hugging Face directory or .gguf file (default: SmolLM2-135M-Instruct)");
+  cmd->add_option("--target", a->target, "For a model: cpu (default) or oracle");
+  cmd->add_option("--prompt-len", a->prompt_lens, "Prompt length(s) for prefill, also the decode contexts (default: 128 and 512)");
+  cmd->add_option("--decode-tokens", a->decode_tokens, "Tokens timed per decode measurement")->capture_default_str();
+  cmd->add_option("--repeats", a->repeats, "Repeats per figure (the median is reported)")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "Worker threads (default: all cores)");
+  cmd->add_flag("--json", a->json, "Print one JSON object instead of the table");
+  cmd->add_flag("--no-bandwidth", a->no_bandwidth, "Skip the read-bandwidth measurement");
+  cmd->callback([a] { run_bench(*a); });
+}
+
+}  // namespace tessera::cli

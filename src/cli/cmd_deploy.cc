@@ -1,0 +1,86 @@
+// `tessera deploy MODEL --target cpu --out DIR`: the gated pipeline (phases 0-3 and 6 in
+// this version), resumable, with `--inject` to make the target wrong on purpose.
+#include <fmt/format.h>
+
+#include <filesystem>
+
+#include "cli/commands.h"
+#include "model/default_model.h"
+#include "pipeline/deploy.h"
+#include "util/error.h"
+
+namespace tessera::cli {
+
+namespace {
+
+struct DeployArgs {
+  std::string model;
+  std::string target = "cpu";
+  std::string out;
+  int from_phase = -1;
+  std::vector<std::string> inject;
+  int threads = 0;
+  std::string reference;
+  bool quiet = false;
+};
+
+std::string default_out_dir(const std::string& model_path, const std::string& target) {
+  std::string stem = std::filesystem::path(model_path).filename().string();
+  if (stem.empty()) stem = std::filesystem::path(model_path).parent_path().filename().string();
+  if (stem.ends_with(".gguf")) stem.resize(stem.size() - 5);
+  return (std::filesystem::path("deployments") / (stem + "-" + target)).string();
+}
+
+int run_deploy(const DeployArgs& a) {
+  DeployOptions o;
+  o.model_path = resolve_model_path(a.model);
+  o.target = a.target;
+  o.out_dir = a.out.empty() ? default_out_dir(o.model_path, a.target) : a.out;
+  o.from_phase = a.from_phase;
+  for (const std::string& f : a.inject) o.faults.insert(fault_info(f).name);
+  o.threads = a.threads;
+  o.reference_dir = a.reference;
+  o.quiet = a.quiet;
+  const DeployResult r = deploy(o);
+  const Deployment dep = Deployment::open_existing(o.out_dir);
+  fmt::print("{}", gate_summary_markdown(dep));
+  fmt::print("\nPhases:\n");
+  for (const PhaseDef& p : phase_defs()) {
+    const nlohmann::json rec = dep.phase_record(p.id);
+    fmt::print("  {} {:<12} {:<8} {}\n", p.id, p.name, rec.value("status", "pending"), rec.value("summary", ""));
+  }
+  if (r.pass) {
+    fmt::print("\ndeployment ready: {} (run it with `tessera run {} --prompt ...`)\n", o.out_dir, o.out_dir);
+    return 0;
+  }
+  fmt::print("\nphase {} ({}) FAILED. Diagnosis:\n{}\n(also in {}/issues.md)\n", r.failed_phase,
+             phase_def(r.failed_phase).name, r.diagnosis, o.out_dir);
+  return 3;
+}
+
+}  // namespace
+
+void add_deploy_command(CLI::App& app) {
+  auto a = std::make_shared<DeployArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "deploy",
+      "Deploy a model onto a target through the gated phases (0 oracle, 1 kernels, 2 block, 3 model, 6 integrate;\n"
+      "phases 4, 5 and 7 are not in this version). Resumes at the first phase not passed.\n"
+      "Exit status: 0 every gate passed, 3 a gate failed (diagnosis in DIR/issues.md), 1 bad input.");
+  cmd->add_option("model", a->model, "Hugging Face directory or .gguf file (default: SmolLM2-135M-Instruct)");
+  cmd->add_option("--target", a->target, "Target: cpu")->capture_default_str();
+  cmd->add_option("--out", a->out, "Deployment directory (default: deployments/<model>-<target>)");
+  cmd->add_option("--from-phase", a->from_phase, "Re-run from phase N (its results and later ones are discarded)");
+  cmd->add_option("--inject", a->inject,
+                  "Make the target wrong on purpose (repeatable): rope-interleaved, rope-scaling-prefill-only, "
+                  "drop-qkv-bias, qk-norm-after-rope, gqa-modulo, attn-scale-hidden, stale-kv, bf16-accumulate");
+  cmd->add_option("--threads", a->threads, "Worker threads (default: all cores)");
+  cmd->add_option("--reference", a->reference, "Directory of golden transformers fixtures for phase 0 (default: the source tree's)");
+  cmd->add_flag("--quiet", a->quiet, "No progress lines on stderr");
+  cmd->callback([a] {
+    const int rc = run_deploy(*a);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace tessera::cli

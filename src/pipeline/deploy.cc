@@ -1,0 +1,169 @@
+#include "pipeline/deploy.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "pipeline/plan.h"
+#include "util/error.h"
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+
+nlohmann::json model_fingerprint(const std::string& model_path) {
+  // Size and modification time of every file the model is read from: cheap, and enough to
+  // notice a checkpoint replaced under a deployment.
+  nlohmann::json files = nlohmann::json::object();
+  auto add = [&](const fs::path& p) {
+    files[p.filename().string()] = {{"bytes", int64_t(fs::file_size(p))},
+                                    {"mtime", int64_t(fs::last_write_time(p).time_since_epoch().count())}};
+  };
+  const fs::path path(model_path);
+  if (fs::is_directory(path)) {
+    for (const auto& e : fs::directory_iterator(path))
+      if (e.is_regular_file() && (e.path().extension() == ".safetensors" || e.path().filename() == "config.json")) add(e.path());
+  } else {
+    add(path);
+  }
+  return files;
+}
+
+nlohmann::json deployment_identity(const Model& model, const DeployOptions& opts) {
+  return {{"model_path", fs::absolute(model.path()).lexically_normal().string()},
+          {"model_fingerprint", model_fingerprint(model.path())},
+          {"target", opts.target},
+          {"faults", std::vector<std::string>(opts.faults.begin(), opts.faults.end())}};
+}
+
+std::string gate_summary_markdown(const Deployment& dep) {
+  std::string md = "# Gate results\n\nEvery row names its thresholds (keys of the one table in src/gates).\n";
+  for (const PhaseDef& p : phase_defs()) {
+    const fs::path f = dep.file(fmt::format("phase{}.json", p.id));
+    if (!fs::exists(f)) continue;
+    const nlohmann::json j = read_json_file(f);
+    md += fmt::format("\n## Phase {} ({}): {}\n\n{}\n", p.id, p.name, j.value("pass", false) ? "PASS" : "FAIL",
+                      gates::GateResult::markdown_header());
+    for (const auto& g : j["gates"]) md += gates::GateResult::from_json(g).markdown_row() + "\n";
+  }
+  return md;
+}
+
+namespace {
+
+void write_kernel_registry(Deployment& dep, const PhaseOutcome& o) {
+  nlohmann::json reg = {{"target", "cpu"}, {"isa", cpu::isa()}, {"kernels", o.details.value("kernels", nlohmann::json::array())}};
+  write_json_atomic(dep.file("kernel_registry.json"), reg);
+  std::string md = fmt::format("# Kernel registry (phase 1)\n\nTarget cpu, ISA {}. Each row: the target kernel on the oracle's "
+                               "real layer-0 activations vs its oracle twin.\n\n",
+                               cpu::isa());
+  md += "| kernel | role | shape | nmse | max_abs | pearson | cosine | verdict |\n|---|---|---|---|---|---|---|---|\n";
+  for (const auto& k : reg["kernels"]) {
+    const auto& m = k["metrics"];
+    md += fmt::format("| {} | {} | {} | {:.3g} | {:.3g} | {:.6f} | {:.6f} | {} |\n", k["kernel"].get<std::string>(),
+                      k["role"].get<std::string>(), k["shape"].get<std::string>(), m["nmse"].get<double>(),
+                      m["max_abs"].get<double>(), m["pearson"].get<double>(), m["cosine"].get<double>(),
+                      k["pass"].get<bool>() ? "PASS" : "FAIL");
+  }
+  write_file_atomic(dep.file("kernel_registry.md"), md);
+}
+
+void write_report(Deployment& dep) {
+  nlohmann::json report = {{"format", "tessera-report/1"}, {"identity", dep.identity()}, {"phases", nlohmann::json::object()}};
+  for (const PhaseDef& p : phase_defs()) {
+    nlohmann::json r = dep.phase_record(p.id);
+    const fs::path f = dep.file(fmt::format("phase{}.json", p.id));
+    if (fs::exists(f)) {
+      const nlohmann::json j = read_json_file(f);
+      int passed = 0;
+      for (const auto& g : j["gates"]) passed += gates::GateResult::from_json(g).pass();
+      r["gates_passed"] = passed;
+      r["gates_total"] = j["gates"].size();
+      if (p.id == 6 && j["details"].contains("target_timing")) report["figures"]["phase6_target_timing"] = j["details"]["target_timing"];
+    }
+    report["phases"][std::to_string(p.id)] = r;
+  }
+  write_json_atomic(dep.file("report.json"), report);
+}
+
+void write_plan_files(Deployment& dep, const nlohmann::json& plan) {
+  write_json_atomic(dep.file("plan.json"), plan);
+  write_file_atomic(dep.file("plan.md"), plan_markdown(plan, dep.state()));
+}
+
+}  // namespace
+
+DeployResult deploy(const DeployOptions& opts) {
+  if (opts.target != "cpu")
+    fail("target '{}' is not available in this version (targets: cpu)", opts.target);
+  if (opts.from_phase >= 0 && !phase_def(opts.from_phase).implemented)
+    fail("--from-phase {}: phase {} ({}) is not implemented in this version", opts.from_phase, opts.from_phase,
+         phase_def(opts.from_phase).name);
+  Model model = Model::open(opts.model_path);
+  Deployment dep = Deployment::open_for_deploy(opts.out_dir, deployment_identity(model, opts));
+  if (opts.from_phase >= 0) dep.invalidate_from(opts.from_phase);
+  PhaseContext ctx(dep, model, opts);
+  auto say = [&](const std::string& s) {
+    if (!opts.quiet) fmt::print(stderr, "{}\n", s);
+  };
+  say(fmt::format("tessera deploy: {} ({}) on {} -> {}", model.path(), arch_name(model.spec().arch), opts.target, opts.out_dir));
+  if (!opts.faults.empty()) say(fmt::format("  injected faults: {}", fmt::join(opts.faults, ", ")));
+
+  DeployResult result;
+  for (const PhaseDef& p : phase_defs()) {
+    if (!p.implemented) continue;
+    if (dep.phase_status(p.id) == "passed") {
+      say(fmt::format("phase {} {}: passed in an earlier run (resumed)", p.id, p.name));
+      continue;
+    }
+    say(fmt::format("phase {} {}: {}", p.id, p.name, p.does));
+    const auto t0 = std::chrono::steady_clock::now();
+    dep.set_phase(p.id, {{"status", "running"}, {"started", now_iso8601()}});
+    PhaseOutcome o;
+    switch (p.id) {
+      case 0: o = run_phase0_oracle(ctx); break;
+      case 1: o = run_phase1_kernels(ctx); break;
+      case 2: o = run_phase2_block(ctx); break;
+      case 3: o = run_phase3_model(ctx); break;
+      case 6: o = run_phase6_integrate(ctx); break;
+      default: fail("internal: phase {} has no runner", p.id);
+    }
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& g : o.gates) rows.push_back(g.to_json());
+    write_json_atomic(dep.file(fmt::format("phase{}.json", p.id)),
+                      {{"phase", p.id}, {"name", p.name}, {"pass", o.pass}, {"summary", o.summary}, {"gates", rows},
+                       {"details", o.details}, {"diagnosis", o.diagnosis}});
+    if (p.id == 1) {
+      write_kernel_registry(dep, o);
+      write_plan_files(dep, build_cpu_plan(model, ctx.target()));
+    }
+    if (p.id == 6 && o.pass) {
+      nlohmann::json plan = read_json_file(dep.file("plan.json"));
+      plan["frozen"] = true;
+      plan["op_counters_phase6"] = ctx.target().op_counters();
+      write_json_atomic(dep.file("plan.json"), plan);
+      dep.set_phase(p.id, {{"plan_sha256", plan_hash(plan)}});
+    }
+    dep.set_phase(p.id, {{"status", o.pass ? "passed" : "failed"}, {"finished", now_iso8601()}, {"wall_s", wall}, {"summary", o.summary}});
+    if (fs::exists(dep.file("plan.json"))) write_file_atomic(dep.file("plan.md"), plan_markdown(read_json_file(dep.file("plan.json")), dep.state()));
+    dep.write_phase_timing();
+    write_file_atomic(dep.file("gates.md"), gate_summary_markdown(dep));
+    write_report(dep);
+    say(fmt::format("  -> {} ({:.1f} s): {}", o.pass ? "PASS" : "FAIL", wall, o.summary));
+    if (!o.pass) {
+      std::string body = o.diagnosis + "\n\nFailing gate rows:\n\n" + gates::GateResult::markdown_header() + "\n";
+      for (const auto& g : o.gates)
+        if (!g.pass()) body += g.markdown_row() + "\n";
+      dep.append_issue(p.id, "gate failed", body);
+      result.failed_phase = p.id;
+      result.diagnosis = o.diagnosis;
+      return result;
+    }
+  }
+  result.pass = true;
+  return result;
+}
+
+}  // namespace tessera

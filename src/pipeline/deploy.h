@@ -1,0 +1,28 @@
+// `tessera deploy`: runs the implemented phases in order over a deployment directory,
+// resuming at the first phase that has not passed, and stops at the first failing gate
+// with its diagnosis written to issues.md.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "pipeline/phases.h"
+
+namespace tessera {
+
+struct DeployResult {
+  bool pass = false;
+  int failed_phase = -1;
+  std::string diagnosis;
+};
+
+// The identity a deployment directory is bound to: the model (path and a cheap
+// fingerprint of its files), the target and the injected faults.
+nlohmann::json deployment_identity(const Model& model, const DeployOptions& opts);
+nlohmann::json model_fingerprint(const std::string& model_path);
+
+DeployResult deploy(const DeployOptions& opts);
+
+// Renders every phase's gate rows (phaseN.json) as one Markdown summary.
+std::string gate_summary_markdown(const Deployment& dep);
+
+}  // namespace tessera

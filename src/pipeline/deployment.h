@@ -1,0 +1,57 @@
+// The deployment directory (design section 7): the deployment's memory, readable by a
+// person and by an agent, and enough to resume. state.json is the contract between
+// phases; every file is written atomically (temporary file, then rename), so a process
+// killed at any moment leaves each file either old or new, never half-written.
+#pragma once
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+// The phases tessera runs today, in order, and their names.
+struct PhaseDef {
+  int id;
+  const char* name;
+  const char* does;
+  bool implemented;  // phases 4, 5 and 7 arrive in later versions: recorded as not run
+};
+const std::vector<PhaseDef>& phase_defs();
+const PhaseDef& phase_def(int id);
+
+void write_file_atomic(const std::filesystem::path& path, const std::string& bytes);
+void write_json_atomic(const std::filesystem::path& path, const nlohmann::json& j);
+nlohmann::json read_json_file(const std::filesystem::path& path);  // throws naming the file
+
+class Deployment {
+ public:
+  // Opens DIR for a deployment of `model_path` on `target`, creating it if needed. An
+  // existing directory must belong to the same model, target and injected faults.
+  static Deployment open_for_deploy(const std::filesystem::path& dir, const nlohmann::json& identity);
+  // Opens an existing deployment (for `run`, `bench`); throws if DIR is not one.
+  static Deployment open_existing(const std::filesystem::path& dir);
+
+  const std::filesystem::path& dir() const { return dir_; }
+  std::filesystem::path file(const std::string& name) const { return dir_ / name; }
+  const nlohmann::json& state() const { return state_; }
+  const nlohmann::json& identity() const { return state_["identity"]; }
+
+  std::string phase_status(int id) const;  // "pending", "running", "passed", "failed", "not-run"
+  nlohmann::json phase_record(int id) const;
+  void set_phase(int id, const nlohmann::json& record);  // merges into state.json, saves
+  // Marks phases >= id pending again (--from-phase) and removes their artifacts' resume data.
+  void invalidate_from(int id);
+
+  void append_issue(int phase, const std::string& title, const std::string& body);
+  void write_phase_timing();  // phase_timing.md from state.json
+  void save_state();
+
+ private:
+  std::filesystem::path dir_;
+  nlohmann::json state_;
+};
+
+std::string now_iso8601();
+
+}  // namespace tessera

@@ -1,0 +1,82 @@
+// The pipeline's phases (design section 1) on the cpu target: each reads what it needs,
+// does its work, runs its gate, and returns what happened. deploy.cc sequences them and
+// records the outcomes in the deployment directory.
+#pragma once
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "gates/gates.h"
+#include "io/weights.h"
+#include "pipeline/deployment.h"
+#include "targets/cpu/cpu_runner.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tessera {
+
+struct DeployOptions {
+  std::string model_path;
+  std::string out_dir;
+  std::string target = "cpu";
+  FaultSet faults;
+  int from_phase = -1;      // -1: resume at the first phase not passed
+  int threads = 0;          // 0: default_threads()
+  std::string reference_dir;  // golden fixtures (transformers); "": the source tree's, if present
+  bool quiet = false;       // no progress lines
+};
+
+struct PhaseOutcome {
+  bool pass = false;
+  std::string summary;                   // one line
+  std::vector<gates::GateResult> gates;  // every gate row the phase ran
+  nlohmann::json details = nlohmann::json::object();
+  std::string diagnosis;                 // on failure: what the evidence points at
+};
+
+// What the phases share: the model, lazily built executors, the deployment, progress.
+class PhaseContext {
+ public:
+  PhaseContext(Deployment& dep, const Model& model, const DeployOptions& opts);
+  ~PhaseContext();
+  Deployment& dep;
+  const Model& model;
+  const DeployOptions& opts;
+  const Tokenizer& tokenizer();
+  OracleRunner& oracle();
+  CpuRunner& target();  // with opts.faults injected
+  void progress(const std::string& line) const;
+
+ private:
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<OracleRunner> oracle_;
+  std::unique_ptr<CpuRunner> target_;
+};
+
+struct CanonicalPrompt {
+  std::string text;
+  std::vector<int32_t> ids;
+};
+// The canonical prompts, tokenized the model's way (its family's BOS rule).
+std::vector<CanonicalPrompt> canonical_prompts(const Tokenizer& tok);
+
+PhaseOutcome run_phase0_oracle(PhaseContext& ctx);
+PhaseOutcome run_phase1_kernels(PhaseContext& ctx);
+PhaseOutcome run_phase2_block(PhaseContext& ctx);
+PhaseOutcome run_phase3_model(PhaseContext& ctx);
+PhaseOutcome run_phase6_integrate(PhaseContext& ctx);
+
+// Phase 2's bisect, callable on its own: runs layer 0 with each stage in turn swapped for
+// the oracle's kernel and names the stage whose swap brings the block closest to the
+// oracle (and whether that alone makes the gate pass).
+struct BisectResult {
+  bool named = false;        // one stage's swap makes the block gate pass
+  std::string stage;         // the best swap
+  std::string kernel;        // its kernel class
+  nlohmann::json trials;     // per stage: nmse, cosine, pass
+  std::string text() const;
+};
+BisectResult bisect_block(PhaseContext& ctx);
+
+}  // namespace tessera

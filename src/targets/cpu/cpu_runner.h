@@ -1,0 +1,104 @@
+// The cpu target's model runner: the transformer wired from the cpu kernels, with BF16
+// weights (memory-mapped when the file already holds BF16 in Hugging Face layout,
+// converted once otherwise), a KV cache, the oracle's probe names, per-stage execution
+// counters, injectable faults, and per-stage substitution by the oracle's kernel (the
+// experiment phase 2's bisect runs).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "targets/cpu/kernels.h"
+#include "targets/target.h"
+
+namespace tessera {
+
+// The stages of the forward pass in execution order; each is one target kernel call (or a
+// small fixed group: qkv_proj is three GEMMs, rope also applies Qwen3's q/k norm first).
+enum class Stage : int {
+  Embedding, AttnNorm, QkvProj, Rope, KvWrite, Attention, OProj, AttnResidual, MlpNorm, GateUpProj,
+  SiluMul, DownProj, MlpResidual, FinalNorm, LmHead, Count
+};
+constexpr int kStageCount = int(Stage::Count);
+const char* stage_name(Stage s);
+const char* stage_kernel(Stage s);  // the kernel class: "gemm", "rmsnorm", "rope", ...
+Stage stage_from_name(const std::string& name);  // throws naming the stages
+const std::vector<Stage>& layer_stages();         // the per-layer stages, in order
+
+struct CpuOptions {
+  int threads = 0;                 // 0: default_threads()
+  FaultSet faults;                 // --inject
+  std::set<Stage> oracle_stages;   // stages run by the oracle's kernel instead (bisect)
+};
+
+class CpuRunner final : public ModelRunner {
+ public:
+  CpuRunner(const Model& model, CpuOptions options = {});
+  ~CpuRunner() override;
+
+  std::string target() const override { return "cpu"; }
+  const ModelSpec& spec() const override { return model_.spec(); }
+  std::vector<float> forward(std::span<const int32_t> ids, bool all_logits = true, const ProbeFn& probe = {},
+                             ProbeLevel level = ProbeLevel::None) override;
+  int64_t position() const override { return position_; }
+  void reset(int64_t start_position = 0) override;
+  void truncate(int64_t positions) override;
+  std::map<std::string, int64_t> op_counters() const override;
+
+  // Runs layers [0, n_layers) on hidden states h [T, hidden] (in place) at the next
+  // positions, without embedding or head: phase 2 drives one layer with the oracle's inputs.
+  void forward_layers(float* h, int64_t T, int64_t n_layers, const ProbeFn& probe = {},
+                      ProbeLevel level = ProbeLevel::None);
+
+  void set_oracle_stages(std::set<Stage> stages) { options_.oracle_stages = std::move(stages); }
+  const CpuOptions& options() const { return options_; }
+  int threads() const;
+  // Weight bytes the runner reads from the file mapping vs holds converted in memory.
+  int64_t mapped_weight_bytes() const { return mapped_bytes_; }
+  int64_t owned_weight_bytes() const { return owned_bytes_; }
+  // Bytes of weights one decode step reads (every layer's matrices plus the LM head).
+  int64_t weight_bytes_per_token() const;
+  int64_t kv_bytes_per_position() const;
+
+  // The weights as the kernels see them (phase 1 feeds the same matrices to both sides).
+  const cpu::Bf16Matrix& matrix(const std::string& canonical_name) const;
+  cpu::ThreadPool& pool() { return *pool_; }
+
+  // The stage operations, faults included, as the forward pass calls them; phase 1 calls
+  // them one at a time on the oracle's inputs. `rel` is the KV cache row (position - start).
+  void op_linear(Stage s, const float* x, int64_t T, const std::string& weight, const std::vector<float>& bias,
+                 float* y);
+  void op_rope(int64_t layer, float* q, float* k, int64_t T, int64_t pos);  // + Qwen3 q/k norm
+  void op_kv_write(int64_t layer, int64_t rel, const float* k, const float* v, int64_t T);
+  void op_attention(int64_t layer, const float* q, int64_t T, int64_t rel, float* out);
+  cpu::KvCache& cache() { return *cache_; }
+
+ private:
+  struct Layer;
+  void run_layer(int64_t l, float* h, int64_t T, const ProbeFn& probe, ProbeLevel level);
+  bool by_oracle(Stage s) const { return options_.oracle_stages.count(s) > 0; }
+  bool fault(const char* name) const { return options_.faults.count(name) > 0; }
+  void count(Stage s);
+  const cpu::Bf16Matrix& load_matrix(const Weight& w);
+
+  const Model& model_;
+  CpuOptions options_;
+  std::unique_ptr<cpu::ThreadPool> pool_;
+  std::unique_ptr<cpu::KvCache> cache_;
+  std::vector<Layer> layers_;
+  std::vector<float> final_norm_;
+  std::vector<float> inv_freq_, inv_freq_unscaled_;
+  std::map<std::string, cpu::Bf16Matrix> matrices_;
+  std::vector<std::vector<uint16_t>> owned_;  // converted weights, when the file's are not BF16
+  int64_t mapped_bytes_ = 0, owned_bytes_ = 0;
+  int64_t position_ = 0, base_ = 0;
+  std::array<int64_t, kStageCount> target_calls_{}, oracle_calls_{};
+  // Working buffers, grown to the largest T seen.
+  std::vector<float> x_, q_, k_, v_, attn_, o_, gate_, up_, act_, down_, scratch_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,373 @@
+// The cpu kernels' entry points: ISA selection, the KV cache and attention's work split.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <new>
+#include <vector>
+
+#include "targets/cpu/kernels_internal.h"
+#include "util/error.h"
+
+namespace tessera::cpu {
+
+namespace detail {
+namespace {
+enum class Mode { Auto, Bf16, Hwy };
+std::atomic<Mode> g_mode{Mode::Auto};
+}  // namespace
+
+bool use_avx512bf16() {
+  const Mode m = g_mode.load(std::memory_order_relaxed);
+  return m == Mode::Bf16 || (m == Mode::Auto && cpu_has_avx512bf16());
+}
+}  // namespace detail
+
+using namespace detail;
+
+namespace {
+
+std::vector<int64_t> hwy_targets_best_first() {
+  std::vector<int64_t> out;
+  const int64_t all = hwy_supported_targets();
+  for (int bit = 0; bit < 63; ++bit)
+    if (all & (int64_t(1) << bit)) out.push_back(int64_t(1) << bit);  // lower bit = better
+  return out;
+}
+
+}  // namespace
+
+std::string isa() {
+  if (use_avx512bf16()) return "avx512bf16";
+  return hwy_target_name(hwy_current_target());
+}
+
+std::vector<std::string> available_isas() {
+  std::vector<std::string> out;
+  if (cpu_has_avx512bf16()) out.push_back("avx512bf16");
+  for (int64_t t : hwy_targets_best_first()) out.push_back(hwy_target_name(t));
+  return out;
+}
+
+void set_isa(const std::string& name) {
+  const std::vector<int64_t> targets = hwy_targets_best_first();
+  if (name == "auto") {
+    hwy_restrict_targets(0);
+    g_mode = Mode::Auto;
+  } else if (name == "avx512bf16") {
+    if (!cpu_has_avx512bf16()) fail("ISA avx512bf16 is not supported by this CPU");
+    hwy_restrict_targets(0);
+    g_mode = Mode::Bf16;
+  } else if (name == "hwy") {
+    hwy_restrict_targets(0);
+    g_mode = Mode::Hwy;
+  } else if (name == "scalar") {
+    if (targets.empty()) fail("no Highway target available");
+    hwy_restrict_targets(targets.back());
+    g_mode = Mode::Hwy;
+  } else {
+    for (int64_t t : targets)
+      if (name == hwy_target_name(t)) {
+        hwy_restrict_targets(t);
+        g_mode = Mode::Hwy;
+        return;
+      }
+    std::string known = "auto, hwy, scalar";
+    for (const auto& s : available_isas()) known += ", " + s;
+    fail("unknown or unsupported ISA '{}' (this CPU has: {})", name, known);
+  }
+}
+
+// ---------------------------------------------------------------- element-wise kernels
+void matmul(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool) {
+  if (T <= 0 || w.rows <= 0) return;
+  if (w.cols <= 0) {
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t n = 0; n < w.rows; ++n) y[t * w.rows + n] = bias ? bias[n] : 0.0f;
+    return;
+  }
+  if (use_avx512bf16())
+    matmul_avx512bf16(x, T, w, bias, y, pool);
+  else
+    matmul_hwy(x, T, w, bias, y, pool);
+}
+
+void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) {
+  rmsnorm_hwy(x, w, out, rows, n, eps);
+}
+
+void rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t pos0, const float* inv_freq) {
+  rope_hwy(x, T, n_heads, head_dim, pos0, inv_freq);
+}
+
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) { silu_mul_hwy(gate, up, out, n); }
+
+void add(float* h, const float* x, int64_t n) { add_hwy(h, x, n); }
+
+void embedding(const Bf16Matrix& table, const int32_t* ids, int64_t T, float* out) {
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t id = ids[t];
+    if (id < 0 || id >= table.rows) fail("token id {} is outside the embedding table ({} rows)", id, table.rows);
+    bf16_rows_to_f32_hwy(table.data + id * table.cols, out + t * table.cols, table.cols);
+  }
+}
+
+// ---------------------------------------------------------------- KV cache (fp16)
+namespace {
+
+uint16_t f32_to_f16_scalar(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000;
+  const uint32_t ax = x & 0x7FFFFFFF;
+  if (ax >= 0x7F800000) return uint16_t(sign | (ax > 0x7F800000 ? 0x7E00 : 0x7C00));  // nan / inf
+  if (ax >= 0x477FF000) return uint16_t(sign | 0x7BFF);                             // clamp to 65504
+  if (ax < 0x38800000) {  // f16 subnormal or zero: h = m * 2^(e - 126) rounded to nearest even
+    const int e = int(ax >> 23);
+    const int s = 126 - e;
+    if (e == 0 || s > 24) return uint16_t(sign);
+    const uint32_t m = (ax & 0x7FFFFF) | 0x800000;
+    const uint32_t q = m >> s, rem = m & ((1u << s) - 1), halfv = 1u << (s - 1);
+    return uint16_t(sign | (q + ((rem > halfv || (rem == halfv && (q & 1))) ? 1 : 0)));
+  }
+  uint32_t h = ((ax - 0x38000000) >> 13);
+  const uint32_t rem = ax & 0x1FFF;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;
+  return uint16_t(sign | h);
+}
+
+__attribute__((target("avx2,f16c"))) void f32_to_f16_f16c(const float* src, uint16_t* dst, int64_t n) {
+  const __m256 lim = _mm256_set1_ps(65504.0f), nlim = _mm256_set1_ps(-65504.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(src + i), nlim), lim);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) dst[i] = f32_to_f16_scalar(src[i]);
+}
+
+void f32_to_f16(const float* src, uint16_t* dst, int64_t n) {
+  static const bool f16c = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  }();
+  if (f16c)
+    f32_to_f16_f16c(src, dst, n);
+  else
+    for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_f16_scalar(src[i]);
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  uint32_t u;
+  if (exp == 0) {
+    float f = float(man) * (1.0f / 16777216.0f);
+    std::memcpy(&u, &f, 4);
+    u |= sign;
+  } else if (exp == 31) {
+    u = sign | 0x7F800000u | (man << 13);
+  } else {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t* alloc_u16(int64_t n) {
+  void* p = std::aligned_alloc(64, size_t((n * 2 + 63) / 64 * 64));
+  if (!p) throw std::bad_alloc();
+  return static_cast<uint16_t*>(p);
+}
+
+}  // namespace
+
+KvCache::Storage::~Storage() {
+  for (auto& l : layers) {
+    std::free(l.k);
+    std::free(l.v);
+  }
+}
+
+KvCache::KvCache(int64_t n_layers, int64_t kv_dim)
+    : n_layers_(n_layers), kv_dim_(kv_dim), storage_(std::make_unique<Storage>()) {
+  if (n_layers <= 0 || kv_dim <= 0) fail("KvCache needs layers and kv_dim > 0 (got {}, {})", n_layers, kv_dim);
+  storage_->layers.resize(size_t(n_layers));
+}
+
+KvCache::~KvCache() = default;
+
+int64_t KvCache::bytes_per_position() const { return n_layers_ * kv_dim_ * 2 * int64_t(sizeof(uint16_t)); }
+
+void KvCache::write(int64_t layer, int64_t pos, const float* k, const float* v, int64_t T) {
+  if (layer < 0 || layer >= n_layers_) fail("KvCache layer {} out of range ({} layers)", layer, n_layers_);
+  if (pos < 0 || T < 0) fail("KvCache write at negative position");
+  Storage::Layer& L = storage_->layers[size_t(layer)];
+  const int64_t need = pos + T;
+  if (need > L.capacity) {
+    const int64_t cap = std::max({need, L.capacity * 2, int64_t(64)});
+    uint16_t* nk = alloc_u16(cap * kv_dim_);
+    uint16_t* nv = alloc_u16(cap * kv_dim_);
+    if (L.length > 0) {
+      std::memcpy(nk, L.k, size_t(L.length * kv_dim_) * 2);
+      std::memcpy(nv, L.v, size_t(L.length * kv_dim_) * 2);
+    }
+    std::free(L.k);
+    std::free(L.v);
+    L.k = nk;
+    L.v = nv;
+    L.capacity = cap;
+  }
+  if (pos > L.length) {  // a gap: zero it so reads are defined
+    std::memset(L.k + L.length * kv_dim_, 0, size_t((pos - L.length) * kv_dim_) * 2);
+    std::memset(L.v + L.length * kv_dim_, 0, size_t((pos - L.length) * kv_dim_) * 2);
+  }
+  f32_to_f16(k, L.k + pos * kv_dim_, T * kv_dim_);
+  f32_to_f16(v, L.v + pos * kv_dim_, T * kv_dim_);
+  L.length = std::max(L.length, need);
+}
+
+void KvCache::read_k(int64_t layer, int64_t pos, float* out) const {
+  if (layer < 0 || layer >= n_layers_) fail("KvCache layer {} out of range ({} layers)", layer, n_layers_);
+  const Storage::Layer& L = storage_->layers[size_t(layer)];
+  if (pos < 0 || pos >= L.length) fail("KvCache position {} not written (layer {} holds {})", pos, layer, L.length);
+  for (int64_t i = 0; i < kv_dim_; ++i) out[i] = f16_to_f32(L.k[pos * kv_dim_ + i]);
+}
+
+void KvCache::read_v(int64_t layer, int64_t pos, float* out) const {
+  if (layer < 0 || layer >= n_layers_) fail("KvCache layer {} out of range ({} layers)", layer, n_layers_);
+  const Storage::Layer& L = storage_->layers[size_t(layer)];
+  if (pos < 0 || pos >= L.length) fail("KvCache position {} not written (layer {} holds {})", pos, layer, L.length);
+  for (int64_t i = 0; i < kv_dim_; ++i) out[i] = f16_to_f32(L.v[pos * kv_dim_ + i]);
+}
+
+// ---------------------------------------------------------------- attention
+void attention(const float* q, int64_t T, int64_t pos0, const KvCache& cache, int64_t layer, int64_t n_heads,
+               int64_t n_kv_heads, int64_t head_dim, float scale, float* out, ThreadPool& pool) {
+  if (T <= 0) return;
+  if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
+    fail("attention: {} heads are not a multiple of {} kv heads", n_heads, n_kv_heads);
+  if (n_kv_heads * head_dim != cache.kv_dim())
+    fail("attention: kv heads x head_dim = {} but the cache holds rows of {}", n_kv_heads * head_dim, cache.kv_dim());
+  if (layer < 0 || layer >= cache.n_layers()) fail("attention: layer {} out of range", layer);
+  const KvCache::Storage::Layer& L = cache.storage().layers[size_t(layer)];
+  const int64_t ctx = pos0 + T;
+  if (pos0 < 0 || ctx > L.length) fail("attention: positions up to {} needed, the cache holds {}", ctx, L.length);
+
+  const int64_t group = n_heads / n_kv_heads, hd = head_dim, kv_dim = cache.kv_dim();
+  const int64_t q_row = n_heads * hd;
+
+  if (T >= 8 && hd <= 1024 && hd % f32_lanes_hwy() == 0) {
+    // Prefill: keys of each kv head converted once to fp32 [hd][ctx] (transposed), then
+    // jobs of TB query rows x the group's heads (the rows share every key and value load).
+    // ld: padded so the transposed rows are not a power of two apart (cache set aliasing).
+    const int64_t ld = (ctx + 31) / 32 * 32 + 16;
+    thread_local std::vector<float> kt_buf, vf_buf;
+    if (kt_buf.size() < size_t(n_kv_heads * hd * ld)) kt_buf.resize(size_t(n_kv_heads * hd * ld));
+    if (vf_buf.size() < size_t(n_kv_heads * hd * ctx)) vf_buf.resize(size_t(n_kv_heads * hd * ctx));
+    float* kt = kt_buf.data();
+    float* vf = vf_buf.data();
+    pool.parallel_for(n_kv_heads, [&](int64_t b, int64_t e) {
+      for (int64_t h = b; h < e; ++h)
+        k_transpose_hwy(L.k + h * hd, L.v + h * hd, kv_dim, hd, ctx, ld, kt + h * hd * ld, vf + h * hd * ctx);
+    });
+    const int64_t TB = std::max<int64_t>(1, 32 / group);
+    const int64_t tblocks = (T + TB - 1) / TB;
+    pool.parallel_for(n_kv_heads * tblocks, [&](int64_t b, int64_t e) {
+      std::vector<const float*> qr(size_t(TB * group));
+      std::vector<float*> orows(size_t(TB * group));
+      std::vector<int64_t> lim(size_t(TB * group));
+      for (int64_t job = b; job < e; ++job) {
+        // kv head major (its keys and values stay in L2), latest rows (most keys) first
+        const int64_t kvh = job / tblocks;
+        const int64_t tb = tblocks - 1 - job % tblocks;
+        const int64_t t0 = tb * TB, t1 = std::min(T, t0 + TB);
+        int R = 0;
+        for (int64_t t = t0; t < t1; ++t)
+          for (int64_t g = 0; g < group; ++g, ++R) {
+            const int64_t h = kvh * group + g;
+            qr[size_t(R)] = q + t * q_row + h * hd;
+            orows[size_t(R)] = out + t * q_row + h * hd;
+            lim[size_t(R)] = pos0 + t + 1;
+          }
+        attn_rows_hwy(qr.data(), orows.data(), lim.data(), R, kt + kvh * hd * ld, ld, vf + kvh * hd * ctx, hd, scale);
+      }
+    }, 1);
+    return;
+  }
+
+  // Split the keys into C chunks when there are too few (query row, kv head) jobs to keep
+  // the threads busy (decode); the chunks' partial softmaxes are merged afterwards.
+  const int64_t rows_jobs = T * n_kv_heads;
+  const int64_t want = 4 * int64_t(pool.size());
+  int64_t C = 1;
+  if (rows_jobs < want) C = std::clamp<int64_t>((want + rows_jobs - 1) / rows_jobs, 1, std::max<int64_t>(1, ctx / 128));
+  const int64_t clen = (ctx + C - 1) / C;
+  const int64_t jobs = rows_jobs * C;
+
+  thread_local std::vector<float> part_buf;
+  const int64_t part_stride = hd + 2;
+  if (C > 1 && part_buf.size() < size_t(T * n_heads * C * part_stride))
+    part_buf.resize(size_t(T * n_heads * C * part_stride));
+  float* part = part_buf.data();
+
+  auto job_fn = [&](int64_t b, int64_t e) {
+    std::vector<float> ml(size_t(2 * group));
+    std::vector<float> ob(size_t(group * hd));
+    for (int64_t job = b; job < e; ++job) {
+      // Heaviest query rows (latest positions) first.
+      const int64_t t = T - 1 - job / (n_kv_heads * C);
+      const int64_t r = job % (n_kv_heads * C);
+      const int64_t kvh = r / C, c = r % C;
+      const int64_t n_keys = pos0 + t + 1;
+      const int64_t j0 = std::min(n_keys, c * clen), j1 = std::min(n_keys, (c + 1) * clen);
+      const float* qg = q + t * q_row + kvh * group * hd;
+      float* m = ml.data();
+      float* l = m + group;
+      attn_chunk_hwy(qg, hd, int(group), L.k + kvh * hd, L.v + kvh * hd, kv_dim, hd, j0, j1, scale, m, l, ob.data());
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t h = kvh * group + g;
+        if (C == 1) {
+          float* o = out + t * q_row + h * hd;
+          const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;
+          for (int64_t d = 0; d < hd; ++d) o[d] = ob[size_t(g * hd + d)] * inv;
+        } else {
+          float* p = part + ((t * n_heads + h) * C + c) * part_stride;
+          p[0] = m[g];
+          p[1] = l[g];
+          std::memcpy(p + 2, ob.data() + g * hd, size_t(hd) * 4);
+        }
+      }
+    }
+  };
+  pool.parallel_for(jobs, job_fn, jobs >= 4 * pool.size() ? 1 : 0);
+
+  if (C > 1) {
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < n_heads; ++h) {
+        const float* p = part + (t * n_heads + h) * C * part_stride;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t c = 0; c < C; ++c) mx = std::max(mx, p[c * part_stride]);
+        float* o = out + t * q_row + h * hd;
+        std::fill(o, o + hd, 0.0f);
+        float lsum = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          const float* pc = p + c * part_stride;
+          if (pc[1] <= 0) continue;
+          const float f = std::exp(pc[0] - mx);
+          lsum += pc[1] * f;
+          for (int64_t d = 0; d < hd; ++d) o[d] += pc[2 + d] * f;
+        }
+        const float inv = lsum > 0 ? 1.0f / lsum : 0.0f;
+        for (int64_t d = 0; d < hd; ++d) o[d] *= inv;
+      }
+  }
+}
+
+}  // namespace tessera::cpu

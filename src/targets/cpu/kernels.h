@@ -1,0 +1,102 @@
+// The cpu target's kernels: BF16 weights, FP32 activations and accumulation, vectorized
+// with run-time dispatch (AVX-512 BF16 where the CPU has it, Highway's best target
+// otherwise: AVX-512, AVX2, ... down to scalar) and multi-threaded on a persistent pool.
+// Every kernel has its reference twin in oracle/ops.h.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tessera::cpu {
+
+// The instruction set the kernels dispatch to on this machine, e.g. "avx512bf16",
+// "AVX3", "AVX2", "SCALAR" (Highway's target names for the non-bf16 paths).
+std::string isa();
+// Restricts dispatch for tests and comparisons: "auto" (default), "avx512bf16", "hwy"
+// (Highway's best target, no hand-written bf16 path), "scalar". Throws on an unknown name
+// or on an ISA this CPU lacks.
+void set_isa(const std::string& name);
+// Every name set_isa accepts on this CPU besides "auto": "avx512bf16" where the CPU has it,
+// then Highway's targets compiled in and supported, best first ("AVX3", "AVX2", "SSE4",
+// "EMU128"); "hwy" and "scalar" are aliases for the first and last Highway target.
+std::vector<std::string> available_isas();
+
+// A persistent pool: workers spin briefly then sleep, so a decode step's hundreds of small
+// parallel regions do not pay a thread start each.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);  // total threads, the caller included; <= 0: default_threads()
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+  int size() const;
+  // Calls fn(begin, end) on disjoint chunks covering [0, n); returns when all are done.
+  // Exceptions thrown by fn are rethrown on the caller.
+  void parallel_for(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn);
+  // As above, but hands out chunks of `grain` items dynamically (for uneven work, e.g. causal
+  // attention); grain <= 0 means one equal contiguous chunk per thread.
+  void parallel_for(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn, int64_t grain);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A row-major BF16 matrix [rows, cols] (a Linear weight is [out_features, in_features]).
+struct Bf16Matrix {
+  const uint16_t* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// y[T, N] = x[T, K] . W[N, K]^T (+ bias[N]); T == 1 is the decode GEMV.
+void matmul(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool);
+
+// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w for `rows` rows of n (in place allowed).
+void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps);
+
+// Half-split RoPE in place on T rows of n_heads heads; row t at position pos0 + t.
+// inv_freq holds head_dim / 2 frequencies with any scaling already applied.
+void rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t pos0, const float* inv_freq);
+
+// out = silu(gate) * up (in place on gate allowed).
+void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+
+// h += x.
+void add(float* h, const float* x, int64_t n);
+
+// out[t] = table[ids[t]] upcast to fp32.
+void embedding(const Bf16Matrix& table, const int32_t* ids, int64_t T, float* out);
+
+// Keys and values of every layer, grown on demand (never allocated for the model's whole
+// context up front). The storage type is the cache's business; rows go in and out as fp32.
+class KvCache {
+ public:
+  KvCache(int64_t n_layers, int64_t kv_dim);
+  ~KvCache();
+  // Stores T rows of keys and values for positions [pos, pos + T) of `layer`.
+  void write(int64_t layer, int64_t pos, const float* k, const float* v, int64_t T);
+  // Reads one position's key or value row (kv_dim values) as fp32 (slow paths, tests).
+  void read_k(int64_t layer, int64_t pos, float* out) const;
+  void read_v(int64_t layer, int64_t pos, float* out) const;
+  int64_t kv_dim() const { return kv_dim_; }
+  int64_t n_layers() const { return n_layers_; }
+  int64_t bytes_per_position() const;  // all layers, keys and values
+
+  struct Storage;
+  const Storage& storage() const { return *storage_; }
+
+ private:
+  int64_t n_layers_, kv_dim_;
+  std::unique_ptr<Storage> storage_;
+};
+
+// Causal attention with GQA (query head h reads kv head h / (n_heads / n_kv_heads)) over
+// `cache` positions [0, pos0 + T): q is [T, n_heads * head_dim] at positions pos0..;
+// out is [T, n_heads * head_dim]. Softmax in fp32 with the max subtracted.
+void attention(const float* q, int64_t T, int64_t pos0, const KvCache& cache, int64_t layer, int64_t n_heads,
+               int64_t n_kv_heads, int64_t head_dim, float scale, float* out, ThreadPool& pool);
+
+}  // namespace tessera::cpu

@@ -1,0 +1,410 @@
+// Hand-written AVX-512 BF16 matmul (vdpbf16ps), selected at run time by cpuid. Highway
+// 1.0.3 has no dot-product-of-bf16 op, so this path uses intrinsics under function target
+// attributes; the file compiles without any special flags.
+//
+// Activations are rounded to bf16 once per call ([T, Kp] with K padded to 32 with zeros);
+// weights are read in place (row-major [N, K] bf16, never repacked) with masked loads for the
+// K tail. Each micro-kernel keeps MR token rows x NR weight rows of zmm accumulators holding
+// 16 partial dot products each, and finishes with a shuffle tree that reduces 16
+// accumulators into one zmm of 16 sums.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <new>
+#include <cstring>
+#include <vector>
+
+#include "targets/cpu/kernels_internal.h"
+
+#define TS_BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma")))
+#define TS_BF16_INLINE TS_BF16 inline __attribute__((always_inline))
+
+namespace tessera::cpu::detail {
+
+bool cpu_has_avx512bf16() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  }();
+  return has;
+}
+
+namespace {
+
+template <typename T>
+struct AlignedAlloc {
+  using value_type = T;
+  AlignedAlloc() = default;
+  template <typename U>
+  AlignedAlloc(const AlignedAlloc<U>&) {}
+  T* allocate(size_t n) {
+    void* p = std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
+    if (!p) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  bool operator==(const AlignedAlloc&) const { return true; }
+};
+
+// out[j] = sum of the lanes of v[j] for j < 16, as one vector.
+TS_BF16_INLINE __m512 reduce16(const __m512 (&a)[16]) {
+  // Feed the tree transposed (4x4) so the result comes out in natural order.
+  __m512 v[16];
+  for (int i = 0; i < 16; ++i) v[i] = a[4 * (i % 4) + i / 4];
+  __m512 s[8];
+  for (int i = 0; i < 8; ++i) {
+    const __m512 x = _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 y = _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2));
+    s[i] = _mm512_add_ps(x, y);
+  }
+  __m512 u[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m512 x = _mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512 y = _mm512_shuffle_f32x4(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1));
+    u[i] = _mm512_add_ps(x, y);
+  }
+  __m512 w[2];
+  for (int i = 0; i < 2; ++i) {
+    const __m512 x = _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 y = _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2));
+    w[i] = _mm512_add_ps(x, y);
+  }
+  const __m512 x = _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0));
+  const __m512 y = _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1));
+  return _mm512_add_ps(x, y);
+}
+
+TS_BF16_INLINE __m512bh as_bh(__m512i v) { return (__m512bh)v; }
+
+// Rounds x[T, K] to bf16 rows of Kp (multiple of 32) with zero padding.
+TS_BF16 void convert_rows(const float* x, int64_t rows, int64_t K, int64_t Kp, uint16_t* out) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* xr = x + t * K;
+    uint16_t* o = out + t * Kp;
+    for (int64_t k = 0; k < Kp; k += 32) {
+      const int64_t rem = K - k;
+      __m512 lo, hi;
+      if (rem >= 32) {
+        lo = _mm512_loadu_ps(xr + k);
+        hi = _mm512_loadu_ps(xr + k + 16);
+      } else {
+        const __mmask16 mlo = rem >= 16 ? __mmask16(0xFFFF) : __mmask16(rem > 0 ? (1u << rem) - 1 : 0);
+        const int64_t rh = rem - 16;
+        const __mmask16 mhi = rh >= 16 ? __mmask16(0xFFFF) : __mmask16(rh > 0 ? (1u << rh) - 1 : 0);
+        lo = _mm512_maskz_loadu_ps(mlo, xr + k);
+        hi = _mm512_maskz_loadu_ps(mhi, xr + k + 16);
+      }
+      const __m512bh b = _mm512_cvtne2ps_pbh(hi, lo);
+      _mm512_storeu_si512(reinterpret_cast<void*>(o + k), (__m512i)b);
+    }
+  }
+}
+
+// Writes or accumulates an MR x NR tile of sums: y[t * N + n + r].
+TS_BF16_INLINE void store_tile(const float* sums, int mr, int nr, float* y, int64_t N, const float* bias,
+                               bool accumulate) {
+  for (int t = 0; t < mr; ++t)
+    for (int r = 0; r < nr; ++r) {
+      float v = sums[t * nr + r];
+      float& dst = y[t * N + r];
+      if (accumulate)
+        dst += v;
+      else
+        dst = bias ? v + bias[r] : v;
+    }
+}
+
+// One MR x NR tile over k in [k0, k1) (k0 a multiple of 32; k1 == K may end in a tail).
+// xb: bf16 activations, row stride xs; w: weight row n, row stride K.
+template <int MR, int NR>
+TS_BF16 void tile(const uint16_t* xb, int64_t xs, const uint16_t* w, int64_t K, int64_t k0, int64_t k1, float* y,
+                  int64_t N, const float* bias, bool accumulate) {
+  static_assert(MR * NR <= 16);
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  int64_t k = k0;
+  for (; k + 32 <= k1; k += 32) {
+    __m512bh wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = as_bh(_mm512_loadu_si512(w + r * K + k));
+    for (int t = 0; t < MR; ++t) {
+      const __m512bh xv = as_bh(_mm512_loadu_si512(xb + t * xs + k));
+      for (int r = 0; r < NR; ++r) acc[t * NR + r] = _mm512_dpbf16_ps(acc[t * NR + r], xv, wv[r]);
+    }
+  }
+  if (k < k1) {
+    const __mmask32 m = __mmask32((uint64_t(1) << (k1 - k)) - 1);
+    __m512bh wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = as_bh(_mm512_maskz_loadu_epi16(m, w + r * K + k));
+    for (int t = 0; t < MR; ++t) {
+      const __m512bh xv = as_bh(_mm512_maskz_loadu_epi16(m, xb + t * xs + k));
+      for (int r = 0; r < NR; ++r) acc[t * NR + r] = _mm512_dpbf16_ps(acc[t * NR + r], xv, wv[r]);
+    }
+  }
+  alignas(64) float sums[16];
+  _mm512_store_ps(sums, reduce16(acc));
+  store_tile(sums, MR, NR, y, N, bias, accumulate);
+}
+
+using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t,
+                        const float*, bool);
+
+constexpr int kMR = 4, kNR = 4;
+
+template <int MR, int NR>
+constexpr TileFn tile_ptr() {
+  return &tile<MR, NR>;
+}
+
+const TileFn kTiles[kMR][kNR] = {
+    {tile_ptr<1, 1>(), tile_ptr<1, 2>(), tile_ptr<1, 3>(), tile_ptr<1, 4>()},
+    {tile_ptr<2, 1>(), tile_ptr<2, 2>(), tile_ptr<2, 3>(), tile_ptr<2, 4>()},
+    {tile_ptr<3, 1>(), tile_ptr<3, 2>(), tile_ptr<3, 3>(), tile_ptr<3, 4>()},
+    {tile_ptr<4, 1>(), tile_ptr<4, 2>(), tile_ptr<4, 3>(), tile_ptr<4, 4>()},
+};
+
+// GEMV: one weight row at a time (the matrix is read as one sequential stream, which the
+// hardware prefetchers follow best), 4 independent accumulators per row; the 16 rows'
+// vectors are then reduced together.
+TS_BF16_INLINE __m512 row_dot(const uint16_t* xb, const uint16_t* w, int64_t K) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t k = 0;
+  for (; k + 128 <= K; k += 128) {
+    a0 = _mm512_dpbf16_ps(a0, as_bh(_mm512_loadu_si512(xb + k)), as_bh(_mm512_loadu_si512(w + k)));
+    a1 = _mm512_dpbf16_ps(a1, as_bh(_mm512_loadu_si512(xb + k + 32)), as_bh(_mm512_loadu_si512(w + k + 32)));
+    a2 = _mm512_dpbf16_ps(a2, as_bh(_mm512_loadu_si512(xb + k + 64)), as_bh(_mm512_loadu_si512(w + k + 64)));
+    a3 = _mm512_dpbf16_ps(a3, as_bh(_mm512_loadu_si512(xb + k + 96)), as_bh(_mm512_loadu_si512(w + k + 96)));
+  }
+  for (; k + 32 <= K; k += 32)
+    a0 = _mm512_dpbf16_ps(a0, as_bh(_mm512_loadu_si512(xb + k)), as_bh(_mm512_loadu_si512(w + k)));
+  if (k < K) {
+    const __mmask32 m = __mmask32((uint64_t(1) << (K - k)) - 1);
+    a1 = _mm512_dpbf16_ps(a1, as_bh(_mm512_maskz_loadu_epi16(m, xb + k)), as_bh(_mm512_maskz_loadu_epi16(m, w + k)));
+  }
+  return _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+}
+
+TS_BF16 void gemv_range(const uint16_t* xb, const uint16_t* wd, int64_t K, const float* bias, float* y, int64_t n0,
+                        int64_t n1) {
+  for (int64_t n = n0; n < n1; n += 16) {
+    const int nr = int(std::min<int64_t>(16, n1 - n));
+    __m512 acc[16];
+    for (int r = 0; r < 16; ++r) acc[r] = r < nr ? row_dot(xb, wd + (n + r) * K, K) : _mm512_setzero_ps();
+    __m512 s = reduce16(acc);
+    const __mmask16 om = nr == 16 ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
+    if (bias) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(om, bias + n));
+    _mm512_mask_storeu_ps(y + n, om, s);
+  }
+}
+
+// Rows [n0, n1) of y for all T tokens.
+void gemm_range(const uint16_t* xb, int64_t Kp, int64_t T, const Bf16Matrix& w, const float* bias, float* y,
+                int64_t n0, int64_t n1) {
+  const int64_t K = w.cols, N = w.rows;
+  // K blocks keep a weight panel (NR x Kc) in L1; T blocks keep activations (Tc x Kc) in L2.
+  const int64_t Kc = K <= 3072 ? K : 2048;
+  const int64_t Tc = std::max<int64_t>(kMR, (std::min<int64_t>(T, 256 * 1024 / (2 * std::min(Kc, K)) / kMR * kMR)));
+  for (int64_t k0 = 0; k0 < K; k0 += Kc) {
+    const int64_t k1 = std::min(K, k0 + Kc);
+    const bool acc = k0 > 0;
+    for (int64_t t0 = 0; t0 < T; t0 += Tc) {
+      const int64_t t1 = std::min(T, t0 + Tc);
+      for (int64_t n = n0; n < n1; n += kNR) {
+        const int nr = int(std::min<int64_t>(kNR, n1 - n));
+        const uint16_t* wp = w.data + n * K;
+        const float* bp = bias ? bias + n : nullptr;
+        for (int64_t t = t0; t < t1; t += kMR) {
+          const int mr = int(std::min<int64_t>(kMR, t1 - t));
+          kTiles[mr - 1][nr - 1](xb + t * Kp, Kp, wp, K, k0, k1, y + t * N + n, N, bp, acc);
+        }
+      }
+    }
+  }
+}
+
+// ---- Packed GEMM for larger T. A block of up to 64 weight rows x Kc is transposed into a
+// small L1-resident scratch panel P[k/2][64] of bf16 pairs (a transient tile, not a copy of
+// the weights), so one zmm holds the (k, k+1) pairs of 16 output rows. The micro-kernel
+// broadcasts an activation pair and accumulates MR tokens x NB groups of 16 rows straight
+// into output lanes: no horizontal reductions, and partial sums across K blocks are plain
+// vector adds on y.
+constexpr int kPackRows = 64;  // rows per packed panel (NB <= 4 groups of 16)
+constexpr int64_t kPackKc = 256;  // K per packed panel (multiple of 32)
+constexpr int kPMR = 6;           // token rows per micro-kernel
+constexpr int64_t kPackedMinT = 16;  // below: the dot-product tiles (no packing)
+
+// 16x16 transpose of 32-bit elements, in place.
+TS_BF16_INLINE void transpose16(__m512i (&m)[16]) {
+  __m512i r[16];
+  for (int i = 0; i < 8; ++i) {
+    r[2 * i] = _mm512_unpacklo_epi32(m[2 * i], m[2 * i + 1]);
+    r[2 * i + 1] = _mm512_unpackhi_epi32(m[2 * i], m[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    m[4 * i] = _mm512_unpacklo_epi64(r[4 * i], r[4 * i + 2]);
+    m[4 * i + 1] = _mm512_unpackhi_epi64(r[4 * i], r[4 * i + 2]);
+    m[4 * i + 2] = _mm512_unpacklo_epi64(r[4 * i + 1], r[4 * i + 3]);
+    m[4 * i + 3] = _mm512_unpackhi_epi64(r[4 * i + 1], r[4 * i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_i32x4(m[i], m[4 + i], 0x88);
+    r[4 + i] = _mm512_shuffle_i32x4(m[i], m[4 + i], 0xdd);
+    r[8 + i] = _mm512_shuffle_i32x4(m[8 + i], m[12 + i], 0x88);
+    r[12 + i] = _mm512_shuffle_i32x4(m[8 + i], m[12 + i], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i) {
+    m[i] = _mm512_shuffle_i32x4(r[i], r[8 + i], 0x88);
+    m[8 + i] = _mm512_shuffle_i32x4(r[i], r[8 + i], 0xdd);
+  }
+}
+
+// Packs rows [0, rows) (rows <= 64) x k in [0, kc) of w (row stride K) into P[kp * 64 + row]
+// as 32-bit pairs; kc2 = ceil(kc / 32) * 16 pairs are written, zero beyond kc or rows.
+TS_BF16 void pack_panel(const uint16_t* w, int64_t K, int rows, int64_t kc, uint32_t* P) {
+  const int groups = (rows + 15) / 16;
+  for (int64_t kb = 0; kb < kc; kb += 32) {
+    const int64_t rem = kc - kb;
+    const __mmask32 km = rem >= 32 ? ~__mmask32(0) : __mmask32((uint64_t(1) << rem) - 1);
+    for (int g = 0; g < groups; ++g) {
+      __m512i m[16];
+      for (int i = 0; i < 16; ++i) {
+        const int r = g * 16 + i;
+        m[i] = r < rows ? (rem >= 32 ? _mm512_loadu_si512(w + r * K + kb) : _mm512_maskz_loadu_epi16(km, w + r * K + kb))
+                        : _mm512_setzero_si512();
+      }
+      transpose16(m);
+      uint32_t* dst = P + (kb / 2) * kPackRows + g * 16;
+      for (int j = 0; j < 16; ++j) _mm512_store_si512(dst + j * kPackRows, m[j]);
+    }
+  }
+}
+
+// y[t0 + t, n + 16 g + i] (+)= sum_kp P[kp][16 g + i] . xb[t][2 kp, 2 kp + 1] for MR tokens
+// and NB groups; the last group stores lanes in `last_mask` only.
+// y is the thread's contiguous scratch tile (row stride N = 64 floats, 64-byte aligned).
+template <int MR, int NB>
+TS_BF16 void packed_kernel(const uint16_t* xb, int64_t xs, const uint32_t* P, int64_t kc2, float* y, int64_t N,
+                           bool first) {
+  __m512 c[MR][NB];
+  for (int t = 0; t < MR; ++t)
+    for (int g = 0; g < NB; ++g) c[t][g] = _mm512_setzero_ps();
+  const uint32_t* xp = reinterpret_cast<const uint32_t*>(xb);
+  const int64_t xs2 = xs / 2;
+  for (int64_t kp = 0; kp < kc2; ++kp) {
+    if ((kp & 15) == 0)  // activations come from L2/L3: fetch each row two lines ahead
+      for (int t = 0; t < MR; ++t) _mm_prefetch(reinterpret_cast<const char*>(xp + t * xs2 + kp + 32), _MM_HINT_T0);
+    __m512bh wv[NB];
+    for (int g = 0; g < NB; ++g) wv[g] = as_bh(_mm512_load_si512(P + kp * kPackRows + g * 16));
+    for (int t = 0; t < MR; ++t) {
+      const __m512bh xv = as_bh(_mm512_set1_epi32(int(xp[t * xs2 + kp])));
+      for (int g = 0; g < NB; ++g) c[t][g] = _mm512_dpbf16_ps(c[t][g], xv, wv[g]);
+    }
+  }
+  for (int t = 0; t < MR; ++t)
+    for (int g = 0; g < NB; ++g) {
+      float* dst = y + t * N + g * 16;
+      _mm512_store_ps(dst, first ? c[t][g] : _mm512_add_ps(c[t][g], _mm512_load_ps(dst)));
+    }
+}
+
+using PackedFn = void (*)(const uint16_t*, int64_t, const uint32_t*, int64_t, float*, int64_t, bool);
+template <int MR>
+constexpr std::array<PackedFn, 4> packed_row() {
+  return {&packed_kernel<MR, 1>, &packed_kernel<MR, 2>, &packed_kernel<MR, 3>, &packed_kernel<MR, 4>};
+}
+const std::array<PackedFn, 4> kPacked[kPMR] = {packed_row<1>(), packed_row<2>(), packed_row<3>(),
+                                               packed_row<4>(), packed_row<5>(), packed_row<6>()};
+
+// Copies rows of the scratch tile c [rows, 64] into y[., n..n + cols] adding the bias.
+TS_BF16 void store_scratch(const float* c, int64_t rows, int cols, float* y, int64_t N, const float* bias) {
+  for (int64_t t = 0; t < rows; ++t)
+    for (int g = 0; g * 16 < cols; ++g) {
+      const int rem = cols - g * 16;
+      const __mmask16 m = rem >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << rem) - 1);
+      __m512 v = _mm512_load_ps(c + t * kPackRows + g * 16);
+      if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + g * 16));
+      _mm512_mask_storeu_ps(y + t * N + g * 16, m, v);
+    }
+}
+
+void gemm_packed_range(const uint16_t* xb, int64_t xs, int64_t T, const Bf16Matrix& w, const float* bias, float* y,
+                       int64_t n0, int64_t n1) {
+  const int64_t K = w.cols, N = w.rows;
+  constexpr int64_t Tc = 512;  // activations [Tc, Kc] and the scratch tile [Tc, 64] stay in L2
+  thread_local std::vector<uint32_t, AlignedAlloc<uint32_t>> pbuf;
+  thread_local std::vector<float, AlignedAlloc<float>> cbuf;
+  if (pbuf.size() < size_t(kPackRows * kPackKc / 2)) pbuf.resize(size_t(kPackRows * kPackKc / 2));
+  if (cbuf.size() < size_t(Tc * kPackRows)) cbuf.resize(size_t(Tc * kPackRows));
+  uint32_t* P = pbuf.data();
+  float* C = cbuf.data();
+  for (int64_t t0 = 0; t0 < T; t0 += Tc) {
+    const int64_t t1 = std::min(T, t0 + Tc);
+    for (int64_t nb = n0; nb < n1; nb += kPackRows) {
+      const int rows = int(std::min<int64_t>(kPackRows, n1 - nb));
+      const int groups = (rows + 15) / 16;
+      for (int64_t k0 = 0; k0 < K; k0 += kPackKc) {
+        const int64_t kc = std::min(kPackKc, K - k0);
+        const int64_t kc2 = (kc + 31) / 32 * 16;
+        pack_panel(w.data + nb * K + k0, K, rows, kc, P);
+        const bool first = k0 == 0;
+        // The next panel's weights come from DRAM: prefetch them (into L2) a slice per
+        // micro-kernel call so they arrive while this panel computes.
+        int64_t pn = nb, pk = k0 + kPackKc;
+        if (pk >= K) {
+          pn = nb + kPackRows;
+          pk = 0;
+        }
+        const int prow = pn < n1 ? int(std::min<int64_t>(kPackRows, n1 - pn)) : 0;
+        const int64_t lpr = (std::min(kPackKc, K - pk) * 2 + 63) / 64;  // lines per row
+        const int64_t plines = prow * lpr;
+        const int64_t tiles = (t1 - t0 + kPMR - 1) / kPMR;
+        const char* pbase = reinterpret_cast<const char*>(w.data + pn * K + pk);
+        int64_t i = 0;
+        for (int64_t t = t0; t < t1; t += kPMR, ++i) {
+          const int mr = int(std::min<int64_t>(kPMR, t1 - t));
+          for (int64_t l = plines * i / tiles; l < plines * (i + 1) / tiles; ++l)
+            _mm_prefetch(pbase + (l / lpr) * K * 2 + (l % lpr) * 64, _MM_HINT_T1);
+          kPacked[mr - 1][groups - 1](xb + t * xs + k0, xs, P, kc2, C + (t - t0) * kPackRows, kPackRows, first);
+        }
+      }
+      store_scratch(C, t1 - t0, rows, y + t0 * N + nb, N, bias ? bias + nb : nullptr);
+    }
+  }
+}
+
+}  // namespace
+
+void matmul_avx512bf16(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y,
+                       ThreadPool& pool) {
+  const int64_t N = w.rows, K = w.cols;
+  // Row stride of the bf16 activations: K padded to 32, plus 32 so that rows are not a power
+  // of two apart (which would alias cache sets for K = 2048, 8192, ...).
+  const int64_t Kp = (K + 31) / 32 * 32 + 32;
+  thread_local std::vector<uint16_t> xb_buf;
+  if (xb_buf.size() < size_t(T * Kp)) xb_buf.resize(size_t(T * Kp));
+  uint16_t* xb = xb_buf.data();
+  if (T >= 16)
+    pool.parallel_for(T, [&](int64_t b, int64_t e) { convert_rows(x + b * K, e - b, K, Kp, xb + b * Kp); });
+  else
+    convert_rows(x, T, K, Kp, xb);
+  if (T == 1) {
+    const int64_t blocks = (N + 15) / 16;
+    pool.parallel_for(blocks, [&](int64_t b, int64_t e) {
+      gemv_range(xb, w.data, K, bias, y, b * 16, std::min(N, e * 16));
+    });
+  } else if (T >= kPackedMinT) {
+    const int64_t units = (N + 15) / 16;  // threads split N in groups of 16 rows
+    pool.parallel_for(units, [&](int64_t b, int64_t e) {
+      gemm_packed_range(xb, Kp, T, w, bias, y, b * 16, std::min(N, e * 16));
+    });
+  } else {
+    const int64_t panels = (N + kNR - 1) / kNR;
+    pool.parallel_for(panels, [&](int64_t b, int64_t e) {
+      gemm_range(xb, Kp, T, w, bias, y, b * kNR, std::min(N, e * kNR));
+    });
+  }
+}
+
+}  // namespace tessera::cpu::detail

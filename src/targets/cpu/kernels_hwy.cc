@@ -1,0 +1,537 @@
+// Highway-dispatched cpu kernels (AVX3, AVX2, SSE4, EMU128): the matmul fallback for CPUs
+// without AVX-512 BF16, and the element-wise kernels and attention for every CPU.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "targets/cpu/kernels_internal.h"
+
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3)  // SSE4 covers the same machines' era well enough
+#endif
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "targets/cpu/kernels_hwy.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace tessera::cpu::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using DU32 = hn::RebindToUnsigned<DF>;
+using VF = hn::Vec<DF>;
+
+int64_t CurrentTarget() { return HWY_TARGET; }
+
+inline float bf16_to_f32(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// ---------------------------------------------------------------- matmul
+// Activations are rearranged per block of 2L values (L = f32 lanes) into [even | odd] halves,
+// so a u32 load of 2L bf16 weights splits into two f32 vectors with a shift and a mask, no
+// shuffles: acc += x_even * (w << 16) + x_odd * (w & 0xFFFF0000). Accumulation is fp32 with
+// fp32 activations (no rounding of x).
+template <int MR, int NR>
+HWY_NOINLINE void MatmulTile(const float* xe, int64_t xes, const float* x, int64_t K, const uint16_t* w,
+                             int64_t Kv, float* y, int64_t N, const float* bias) {
+  const DF df;
+  const DU32 du;
+  const size_t L = hn::Lanes(df);
+  const auto hi_mask = hn::Set(du, 0xFFFF0000u);
+  VF acc[MR][NR];
+  for (int t = 0; t < MR; ++t)
+    for (int r = 0; r < NR; ++r) acc[t][r] = hn::Zero(df);
+  for (int64_t k = 0; k < Kv; k += int64_t(2 * L)) {
+    VF we[NR], wo[NR];
+    for (int r = 0; r < NR; ++r) {
+      const auto wv = hn::LoadU(du, reinterpret_cast<const uint32_t*>(w + r * K + k));
+      we[r] = hn::BitCast(df, hn::ShiftLeft<16>(wv));
+      wo[r] = hn::BitCast(df, hn::And(wv, hi_mask));
+    }
+    for (int t = 0; t < MR; ++t) {
+      const VF xv_e = hn::LoadU(df, xe + t * xes + k);
+      const VF xv_o = hn::LoadU(df, xe + t * xes + k + L);
+      for (int r = 0; r < NR; ++r) {
+        acc[t][r] = hn::MulAdd(xv_e, we[r], acc[t][r]);
+        acc[t][r] = hn::MulAdd(xv_o, wo[r], acc[t][r]);
+      }
+    }
+  }
+  for (int t = 0; t < MR; ++t)
+    for (int r = 0; r < NR; ++r) {
+      float s = hn::GetLane(hn::SumOfLanes(df, acc[t][r]));
+      for (int64_t k = Kv; k < K; ++k) s += x[t * K + k] * bf16_to_f32(w[r * K + k]);
+      y[t * N + r] = bias ? s + bias[r] : s;
+    }
+}
+
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, const uint16_t*, int64_t, float*, int64_t,
+                        const float*);
+constexpr int kMR = 4, kNR = 2;
+const TileFn kTiles[kMR][kNR] = {
+    {&MatmulTile<1, 1>, &MatmulTile<1, 2>},
+    {&MatmulTile<2, 1>, &MatmulTile<2, 2>},
+    {&MatmulTile<3, 1>, &MatmulTile<3, 2>},
+    {&MatmulTile<4, 1>, &MatmulTile<4, 2>},
+};
+
+void Matmul(const float* x, int64_t T, const Bf16Matrix* wp, const float* bias, float* y, ThreadPool* pool) {
+  const Bf16Matrix& w = *wp;
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  const int64_t N = w.rows, K = w.cols;
+  const int64_t Kv = K / (2 * L) * (2 * L);
+  thread_local std::vector<float> xe_buf;
+  if (xe_buf.size() < size_t(T * Kv + 1)) xe_buf.resize(size_t(T * Kv + 1));
+  float* xe = xe_buf.data();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < Kv; k += 2 * L)
+      for (int64_t i = 0; i < L; ++i) {
+        xe[t * Kv + k + i] = x[t * K + k + 2 * i];
+        xe[t * Kv + k + L + i] = x[t * K + k + 2 * i + 1];
+      }
+  if (T == 1) {
+    // GEMV: one weight row at a time, so the matrix is read as one sequential stream.
+    const int64_t unit = 16;
+    pool->parallel_for((N + unit - 1) / unit, [&](int64_t b, int64_t e) {
+      const DU32 du;
+      const auto hi_mask = hn::Set(du, 0xFFFF0000u);
+      for (int64_t n = b * unit; n < std::min(N, e * unit); ++n) {
+        const uint16_t* wr = w.data + n * K;
+        VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
+        int64_t k = 0;
+        for (; k + 4 * L <= Kv; k += 4 * L) {
+          const auto w0 = hn::LoadU(du, reinterpret_cast<const uint32_t*>(wr + k));
+          const auto w1 = hn::LoadU(du, reinterpret_cast<const uint32_t*>(wr + k + 2 * L));
+          a0 = hn::MulAdd(hn::LoadU(df, xe + k), hn::BitCast(df, hn::ShiftLeft<16>(w0)), a0);
+          a1 = hn::MulAdd(hn::LoadU(df, xe + k + L), hn::BitCast(df, hn::And(w0, hi_mask)), a1);
+          a2 = hn::MulAdd(hn::LoadU(df, xe + k + 2 * L), hn::BitCast(df, hn::ShiftLeft<16>(w1)), a2);
+          a3 = hn::MulAdd(hn::LoadU(df, xe + k + 3 * L), hn::BitCast(df, hn::And(w1, hi_mask)), a3);
+        }
+        for (; k < Kv; k += 2 * L) {
+          const auto w0 = hn::LoadU(du, reinterpret_cast<const uint32_t*>(wr + k));
+          a0 = hn::MulAdd(hn::LoadU(df, xe + k), hn::BitCast(df, hn::ShiftLeft<16>(w0)), a0);
+          a1 = hn::MulAdd(hn::LoadU(df, xe + k + L), hn::BitCast(df, hn::And(w0, hi_mask)), a1);
+        }
+        float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
+        for (; k < K; ++k) s += x[k] * bf16_to_f32(wr[k]);
+        y[n] = bias ? s + bias[n] : s;
+      }
+    });
+    return;
+  }
+  const int64_t unit = kNR;
+  const int64_t units = (N + unit - 1) / unit;
+  pool->parallel_for(units, [&](int64_t b, int64_t e) {
+    const int64_t n0 = b * unit, n1 = std::min(N, e * unit);
+    const int64_t Tc = 64;
+    for (int64_t t0 = 0; t0 < T; t0 += Tc) {
+      const int64_t t1 = std::min(T, t0 + Tc);
+      for (int64_t n = n0; n < n1; n += kNR) {
+        const int nr = int(std::min<int64_t>(kNR, n1 - n));
+        for (int64_t t = t0; t < t1; t += kMR) {
+          const int mr = int(std::min<int64_t>(kMR, t1 - t));
+          kTiles[mr - 1][nr - 1](xe + t * Kv, Kv, x + t * K, K, w.data + n * K, Kv, y + t * N + n, N,
+                                 bias ? bias + n : nullptr);
+        }
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------- element-wise
+void Rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float* o = out + r * n;
+    VF a0 = hn::Zero(df), a1 = hn::Zero(df);
+    int64_t i = 0;
+    for (; i + 2 * L <= n; i += 2 * L) {
+      const VF v0 = hn::LoadU(df, xr + i), v1 = hn::LoadU(df, xr + i + L);
+      a0 = hn::MulAdd(v0, v0, a0);
+      a1 = hn::MulAdd(v1, v1, a1);
+    }
+    double ss = double(hn::GetLane(hn::SumOfLanes(df, hn::Add(a0, a1))));
+    for (; i < n; ++i) ss += double(xr[i]) * xr[i];
+    const float inv = float(1.0 / std::sqrt(ss / double(n) + double(eps)));
+    const VF vi = hn::Set(df, inv);
+    i = 0;
+    for (; i + L <= n; i += L) hn::StoreU(hn::Mul(hn::LoadU(df, w + i), hn::Mul(hn::LoadU(df, xr + i), vi)), df, o + i);
+    for (; i < n; ++i) o[i] = w[i] * (xr[i] * inv);
+  }
+}
+
+void Rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t pos0, const float* inv_freq) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  const int64_t half = head_dim / 2;
+  thread_local std::vector<float> cs;
+  cs.resize(size_t(2 * half));
+  float* c = cs.data();
+  float* s = c + half;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = float(pos0 + t) * inv_freq[i];
+      c[i] = std::cos(angle);
+      s[i] = std::sin(angle);
+    }
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* v = x + (t * n_heads + h) * head_dim;
+      int64_t i = 0;
+      for (; i + L <= half; i += L) {
+        const VF a = hn::LoadU(df, v + i), b = hn::LoadU(df, v + i + half);
+        const VF cv = hn::LoadU(df, c + i), sv = hn::LoadU(df, s + i);
+        hn::StoreU(hn::MulSub(a, cv, hn::Mul(b, sv)), df, v + i);
+        hn::StoreU(hn::MulAdd(b, cv, hn::Mul(a, sv)), df, v + i + half);
+      }
+      for (; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c[i] - b * s[i];
+        v[i + half] = b * c[i] + a * s[i];
+      }
+    }
+  }
+}
+
+void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  const VF one = hn::Set(df, 1.0f), lim = hn::Set(df, 88.0f);
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const VF g = hn::LoadU(df, gate + i);
+    const VF e = hn::Exp(df, hn::Min(hn::Neg(g), lim));
+    hn::StoreU(hn::Mul(hn::Div(g, hn::Add(one, e)), hn::LoadU(df, up + i)), df, out + i);
+  }
+  for (; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void Add(float* h, const float* x, int64_t n) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + L <= n; i += L) hn::StoreU(hn::Add(hn::LoadU(df, h + i), hn::LoadU(df, x + i)), df, h + i);
+  for (; i < n; ++i) h[i] += x[i];
+}
+
+void Bf16ToF32(const uint16_t* src, float* dst, int64_t n) {
+  const DF df;
+  const DU32 du32;
+  const hn::Rebind<uint16_t, DF> du16;
+  const int64_t L = int64_t(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + L <= n; i += L)
+    hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, src + i)))), df, dst + i);
+  for (; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+
+// ---------------------------------------------------------------- attention
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  uint32_t u;
+  if (exp == 0) {
+    float f = float(man) * (1.0f / 16777216.0f);
+    std::memcpy(&u, &f, 4);
+    u |= sign;
+  } else if (exp == 31) {
+    u = sign | 0x7F800000u | (man << 13);
+  } else {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Up to 4 query heads at a time against keys/values [j0, j1).
+void AttnChunk(const float* q, int64_t q_stride, int ng, const uint16_t* k, const uint16_t* v, int64_t kv_stride,
+               int64_t hd, int64_t j0, int64_t j1, float scale, float* m, float* l, float* o) {
+  const DF df;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const int64_t L = int64_t(hn::Lanes(df));
+  const int64_t n = j1 - j0;
+  if (n <= 0) {
+    for (int g = 0; g < ng; ++g) {
+      m[g] = -std::numeric_limits<float>::infinity();
+      l[g] = 0;
+      std::fill(o + g * hd, o + (g + 1) * hd, 0.0f);
+    }
+    return;
+  }
+  const int64_t hdv = hd / L * L;
+  thread_local std::vector<float> sbuf;
+  if (sbuf.size() < size_t(ng * n)) sbuf.resize(size_t(ng * n));
+  float* s = sbuf.data();
+  auto kf = [&](const uint16_t* p) {
+    return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+  };
+  for (int g0 = 0; g0 < ng; g0 += 4) {
+    const int nb = std::min(4, ng - g0);
+    const float* q0 = q + (g0 + 0) * q_stride;
+    const float* q1 = q + (g0 + std::min(1, nb - 1)) * q_stride;
+    const float* q2 = q + (g0 + std::min(2, nb - 1)) * q_stride;
+    const float* q3 = q + (g0 + std::min(3, nb - 1)) * q_stride;
+    for (int64_t j = j0; j < j1; ++j) {
+      const uint16_t* kr = k + j * kv_stride;
+      VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+      for (int64_t d = 0; d < hdv; d += L) {
+        const VF kv = kf(kr + d);
+        a0 = hn::MulAdd(hn::LoadU(df, q0 + d), kv, a0);
+        a1 = hn::MulAdd(hn::LoadU(df, q1 + d), kv, a1);
+        a2 = hn::MulAdd(hn::LoadU(df, q2 + d), kv, a2);
+        a3 = hn::MulAdd(hn::LoadU(df, q3 + d), kv, a3);
+      }
+      float r[4] = {hn::GetLane(hn::SumOfLanes(df, a0)), hn::GetLane(hn::SumOfLanes(df, a1)),
+                    hn::GetLane(hn::SumOfLanes(df, a2)), hn::GetLane(hn::SumOfLanes(df, a3))};
+      const float* qs[4] = {q0, q1, q2, q3};
+      for (int64_t d = hdv; d < hd; ++d) {
+        const float kd = f16_to_f32(kr[d]);
+        for (int g = 0; g < 4; ++g) r[g] += qs[g][d] * kd;
+      }
+      for (int g = 0; g < nb; ++g) s[(g0 + g) * n + (j - j0)] = r[g] * scale;
+    }
+  }
+  // Softmax numerators, per head.
+  for (int g = 0; g < ng; ++g) {
+    float* sg = s + g * n;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sg[j]);
+    const VF vm = hn::Set(df, mx);
+    VF vsum = hn::Zero(df);
+    int64_t j = 0;
+    for (; j + L <= n; j += L) {
+      const VF e = hn::Exp(df, hn::Sub(hn::LoadU(df, sg + j), vm));
+      hn::StoreU(e, df, sg + j);
+      vsum = hn::Add(vsum, e);
+    }
+    float sum = hn::GetLane(hn::SumOfLanes(df, vsum));
+    for (; j < n; ++j) {
+      sg[j] = std::exp(sg[j] - mx);
+      sum += sg[j];
+    }
+    m[g] = mx;
+    l[g] = sum;
+    std::fill(o + g * hd, o + (g + 1) * hd, 0.0f);
+  }
+  // o[g] = sum_j p[g][j] * v[j]
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint16_t* vr = v + j * kv_stride;
+    for (int64_t d = 0; d < hdv; d += L) {
+      const VF vv = kf(vr + d);
+      for (int g = 0; g < ng; ++g) {
+        float* og = o + g * hd + d;
+        hn::StoreU(hn::MulAdd(hn::Set(df, s[g * n + (j - j0)]), vv, hn::LoadU(df, og)), df, og);
+      }
+    }
+    for (int64_t d = hdv; d < hd; ++d) {
+      const float vd = f16_to_f32(vr[d]);
+      for (int g = 0; g < ng; ++g) o[g * hd + d] += s[g * n + (j - j0)] * vd;
+    }
+  }
+}
+
+// K rows [0, n) of one kv head (fp16, row stride kv_stride) -> fp32 transposed kt[d * ld + j];
+// columns [n, ld) are zeroed.
+void KTranspose(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t hd, int64_t n, int64_t ld,
+                float* kt, float* vf) {
+  const DF df;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const int64_t L = int64_t(hn::Lanes(df));
+  HWY_ALIGN float row[1024];
+  for (int64_t j = 0; j < n; ++j) {
+    const uint16_t* kr = k + j * kv_stride;
+    int64_t d = 0;
+    for (; d + L <= hd; d += L)
+      hn::Store(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(kr + d))), df, row + d);
+    for (; d < hd; ++d) row[d] = f16_to_f32(kr[d]);
+    for (d = 0; d < hd; ++d) kt[d * ld + j] = row[d];
+    const uint16_t* vr = v + j * kv_stride;
+    float* vo = vf + j * hd;
+    for (d = 0; d + L <= hd; d += L)
+      hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(vr + d))), df, vo + d);
+    for (; d < hd; ++d) vo[d] = f16_to_f32(vr[d]);
+  }
+  for (int64_t d = 0; d < hd; ++d)
+    for (int64_t j = n; j < ld; ++j) kt[d * ld + j] = 0.0f;
+}
+
+// Causal attention for R query rows sharing one kv head. Row r has its query at q_rows[r]
+// (hd values), may see keys [0, limit[r]) and writes out_rows[r]. kt: transposed fp32 keys
+// [hd][ld] (ld a multiple of 2L, zero beyond the keys); v: fp16 rows. Needs hd % L == 0.
+void AttnRows(const float* const* q_rows, float* const* out_rows, const int64_t* limit, int R, const float* kt,
+              int64_t ld, const float* v, int64_t hd, float scale) {
+  const DF df;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const int64_t L = int64_t(hn::Lanes(df));
+  int64_t nmax = 0;
+  for (int r = 0; r < R; ++r) nmax = std::max(nmax, limit[r]);
+  const int64_t nk = (nmax + 2 * L - 1) / (2 * L) * (2 * L);
+  thread_local std::vector<float> sbuf;
+  if (sbuf.size() < size_t(4 * nk + 4 * 256)) sbuf.resize(size_t(4 * nk + 4 * 256));
+  float* S = sbuf.data();
+  const VF ninf = hn::Set(df, -std::numeric_limits<float>::infinity());
+  const VF vs = hn::Set(df, scale);
+  for (int r0 = 0; r0 < R; r0 += 4) {
+    const int nr = std::min(4, R - r0);
+    const float* qr[4];
+    int64_t lim[4];
+    for (int i = 0; i < 4; ++i) {
+      qr[i] = q_rows[r0 + std::min(i, nr - 1)];
+      lim[i] = limit[r0 + std::min(i, nr - 1)];
+    }
+    const int64_t n4 = std::max({lim[0], lim[1], lim[2], lim[3]});
+    const int64_t nk4 = (n4 + 2 * L - 1) / (2 * L) * (2 * L);
+    // Scores: S[i][j] = q_i . k_j, 4 rows x 2L keys per step, broadcasting q.
+    for (int64_t jb = 0; jb < nk4; jb += 2 * L) {
+      VF a00 = hn::Zero(df), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+      const float* kp = kt + jb;
+      for (int64_t d = 0; d < hd; ++d) {
+        const VF k0 = hn::LoadU(df, kp + d * ld), k1 = hn::LoadU(df, kp + d * ld + L);
+        const VF q0 = hn::Set(df, qr[0][d]), q1 = hn::Set(df, qr[1][d]);
+        const VF q2 = hn::Set(df, qr[2][d]), q3 = hn::Set(df, qr[3][d]);
+        a00 = hn::MulAdd(q0, k0, a00);
+        a01 = hn::MulAdd(q0, k1, a01);
+        a10 = hn::MulAdd(q1, k0, a10);
+        a11 = hn::MulAdd(q1, k1, a11);
+        a20 = hn::MulAdd(q2, k0, a20);
+        a21 = hn::MulAdd(q2, k1, a21);
+        a30 = hn::MulAdd(q3, k0, a30);
+        a31 = hn::MulAdd(q3, k1, a31);
+      }
+      hn::StoreU(a00, df, S + 0 * nk4 + jb);
+      hn::StoreU(a01, df, S + 0 * nk4 + jb + L);
+      hn::StoreU(a10, df, S + 1 * nk4 + jb);
+      hn::StoreU(a11, df, S + 1 * nk4 + jb + L);
+      hn::StoreU(a20, df, S + 2 * nk4 + jb);
+      hn::StoreU(a21, df, S + 2 * nk4 + jb + L);
+      hn::StoreU(a30, df, S + 3 * nk4 + jb);
+      hn::StoreU(a31, df, S + 3 * nk4 + jb + L);
+    }
+    // Softmax numerators (scaled, max subtracted, masked beyond each row's limit).
+    float inv_sum[4];
+    for (int i = 0; i < 4; ++i) {
+      float* si = S + i * nk4;
+      VF vmax = ninf;
+      int64_t j = 0;
+      for (; j + L <= lim[i]; j += L) vmax = hn::Max(vmax, hn::Mul(hn::LoadU(df, si + j), vs));
+      float mx = hn::GetLane(hn::MaxOfLanes(df, vmax));
+      for (; j < lim[i]; ++j) mx = std::max(mx, si[j] * scale);
+      const VF vm = hn::Set(df, mx);
+      VF vsum = hn::Zero(df);
+      const auto iota = hn::Iota(hn::RebindToSigned<DF>(), 0);
+      for (int64_t j = 0; j < nk4; j += L) {
+        const auto idx = hn::Add(iota, hn::Set(hn::RebindToSigned<DF>(), int32_t(j)));
+        const auto valid = hn::RebindMask(df, hn::Lt(idx, hn::Set(hn::RebindToSigned<DF>(), int32_t(lim[i]))));
+        const VF x = hn::IfThenElse(valid, hn::MulSub(hn::LoadU(df, si + j), vs, vm), ninf);
+        const VF e = hn::Exp(df, hn::Max(x, hn::Set(df, -104.0f)));
+        const VF em = hn::IfThenElseZero(valid, e);
+        hn::StoreU(em, df, si + j);
+        vsum = hn::Add(vsum, em);
+      }
+      inv_sum[i] = 1.0f / hn::GetLane(hn::SumOfLanes(df, vsum));
+    }
+    // Output: o_i = sum_j p_ij v_j, 4 rows x (hd / L) vectors, d blocks of up to 4 vectors.
+    for (int64_t d0 = 0; d0 < hd; d0 += 4 * L) {
+      const int nd = int(std::min<int64_t>(4, (hd - d0) / L));
+      VF o[4][4];
+      for (int i = 0; i < 4; ++i)
+        for (int b = 0; b < 4; ++b) o[i][b] = hn::Zero(df);
+      for (int64_t j = 0; j < n4; ++j) {
+        const float* vr = v + j * hd + d0;
+        const VF p0 = hn::Set(df, S[j]), p1 = hn::Set(df, S[nk4 + j]);
+        const VF p2 = hn::Set(df, S[2 * nk4 + j]), p3 = hn::Set(df, S[3 * nk4 + j]);
+        for (int b = 0; b < 4; ++b) {
+          if (b >= nd) break;
+          const VF vv = hn::LoadU(df, vr + b * L);
+          o[0][b] = hn::MulAdd(p0, vv, o[0][b]);
+          o[1][b] = hn::MulAdd(p1, vv, o[1][b]);
+          o[2][b] = hn::MulAdd(p2, vv, o[2][b]);
+          o[3][b] = hn::MulAdd(p3, vv, o[3][b]);
+        }
+      }
+      for (int i = 0; i < nr; ++i) {
+        const VF inv = hn::Set(df, inv_sum[i]);
+        for (int b = 0; b < nd; ++b) hn::StoreU(hn::Mul(o[i][b], inv), df, out_rows[r0 + i] + d0 + b * L);
+      }
+    }
+  }
+}
+
+int64_t F32Lanes() { return int64_t(hn::Lanes(DF())); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace tessera::cpu::detail
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tessera::cpu::detail {
+
+HWY_EXPORT(CurrentTarget);
+HWY_EXPORT(Matmul);
+HWY_EXPORT(Rmsnorm);
+HWY_EXPORT(Rope);
+HWY_EXPORT(SiluMul);
+HWY_EXPORT(Add);
+HWY_EXPORT(Bf16ToF32);
+HWY_EXPORT(AttnChunk);
+HWY_EXPORT(KTranspose);
+HWY_EXPORT(AttnRows);
+HWY_EXPORT(F32Lanes);
+
+void matmul_hwy(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool) {
+  HWY_DYNAMIC_DISPATCH(Matmul)(x, T, &w, bias, y, &pool);
+}
+void rmsnorm_hwy(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) {
+  HWY_DYNAMIC_DISPATCH(Rmsnorm)(x, w, out, rows, n, eps);
+}
+void rope_hwy(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t pos0, const float* inv_freq) {
+  HWY_DYNAMIC_DISPATCH(Rope)(x, T, n_heads, head_dim, pos0, inv_freq);
+}
+void silu_mul_hwy(const float* gate, const float* up, float* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(SiluMul)(gate, up, out, n);
+}
+void add_hwy(float* h, const float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(Add)(h, x, n); }
+void bf16_rows_to_f32_hwy(const uint16_t* src, float* dst, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(Bf16ToF32)(src, dst, n);
+}
+void attn_chunk_hwy(const float* q, int64_t q_stride, int ng, const uint16_t* k, const uint16_t* v,
+                    int64_t kv_stride, int64_t hd, int64_t j0, int64_t j1, float scale, float* m, float* l,
+                    float* o) {
+  HWY_DYNAMIC_DISPATCH(AttnChunk)(q, q_stride, ng, k, v, kv_stride, hd, j0, j1, scale, m, l, o);
+}
+
+void k_transpose_hwy(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t hd, int64_t n, int64_t ld,
+                     float* kt, float* vf) {
+  HWY_DYNAMIC_DISPATCH(KTranspose)(k, v, kv_stride, hd, n, ld, kt, vf);
+}
+void attn_rows_hwy(const float* const* q_rows, float* const* out_rows, const int64_t* limit, int R, const float* kt,
+                   int64_t ld, const float* v, int64_t hd, float scale) {
+  HWY_DYNAMIC_DISPATCH(AttnRows)(q_rows, out_rows, limit, R, kt, ld, v, hd, scale);
+}
+int64_t f32_lanes_hwy() { return HWY_DYNAMIC_DISPATCH(F32Lanes)(); }
+
+int64_t hwy_supported_targets() {
+  static const int64_t all = hwy::SupportedTargets() & HWY_TARGETS;
+  return all;
+}
+void hwy_restrict_targets(int64_t mask) {
+  (void)hwy_supported_targets();  // computed before any restriction
+  hwy::SetSupportedTargetsForTest(mask);
+}
+int64_t hwy_current_target() { return HWY_DYNAMIC_DISPATCH(CurrentTarget)(); }
+const char* hwy_target_name(int64_t target) { return hwy::TargetName(target); }
+
+}  // namespace tessera::cpu::detail
+#endif  // HWY_ONCE

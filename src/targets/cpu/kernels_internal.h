@@ -1,0 +1,62 @@
+// Internals shared by the cpu kernels' translation units (not part of the kernels' API).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "targets/cpu/kernels.h"
+
+namespace tessera::cpu {
+
+// The KV cache's storage: per layer, keys and values as fp16 rows [capacity, kv_dim].
+struct KvCache::Storage {
+  struct Layer {
+    uint16_t* k = nullptr;
+    uint16_t* v = nullptr;
+    int64_t capacity = 0;  // positions allocated
+    int64_t length = 0;    // positions written (highest written + 1)
+  };
+  std::vector<Layer> layers;
+  ~Storage();
+};
+
+namespace detail {
+
+// Which matmul implementation runs: true -> the hand-written AVX-512 BF16 path.
+bool use_avx512bf16();
+bool cpu_has_avx512bf16();
+
+// Hand-written AVX-512 BF16 matmul (kernels_avx512bf16.cc).
+void matmul_avx512bf16(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y,
+                       ThreadPool& pool);
+
+// Highway-dispatched kernels (kernels_hwy.cc); they run on the currently chosen target.
+void matmul_hwy(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool);
+void rmsnorm_hwy(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps);
+void rope_hwy(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t pos0, const float* inv_freq);
+void silu_mul_hwy(const float* gate, const float* up, float* out, int64_t n);
+void add_hwy(float* h, const float* x, int64_t n);
+void bf16_rows_to_f32_hwy(const uint16_t* src, float* dst, int64_t n);
+// Attention over fp16 K/V rows (row stride kv_stride elements) for `ng` query heads sharing a
+// kv head: query g at q + g * q_stride (head_dim values), keys/values [j0, j1). Writes, per
+// head, the running max m[g], the sum of exp l[g] and the unnormalized output o[g * hd..].
+void attn_chunk_hwy(const float* q, int64_t q_stride, int ng, const uint16_t* k, const uint16_t* v,
+                    int64_t kv_stride, int64_t hd, int64_t j0, int64_t j1, float scale, float* m, float* l,
+                    float* o);
+
+// Prefill attention: K of one kv head -> fp32 transposed [hd][ld]; then R query rows sharing
+// that kv head, row r seeing keys [0, limit[r]). Requires hd % f32_lanes_hwy() == 0.
+// (V is converted to fp32 rows [n][hd] alongside.)
+void k_transpose_hwy(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t hd, int64_t n, int64_t ld,
+                     float* kt, float* vf);
+void attn_rows_hwy(const float* const* q_rows, float* const* out_rows, const int64_t* limit, int R, const float* kt,
+                   int64_t ld, const float* v, int64_t hd, float scale);
+int64_t f32_lanes_hwy();
+
+// Highway target bookkeeping.
+int64_t hwy_supported_targets();           // targets compiled in and supported by this CPU
+void hwy_restrict_targets(int64_t mask);   // 0: no restriction
+int64_t hwy_current_target();
+const char* hwy_target_name(int64_t target);
+
+}  // namespace detail
+}  // namespace tessera::cpu

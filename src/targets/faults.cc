@@ -1,0 +1,38 @@
+#include <fmt/format.h>
+
+#include "targets/target.h"
+#include "util/error.h"
+
+namespace tessera {
+
+// Each fault names the stage it corrupts (what phase 2's bisect must name) and the first
+// phase whose gate must catch it. Faults that live in one kernel are phase 1's to catch;
+// a fault that is right on the first call and wrong after (stale-kv) needs phase 2's
+// prefill-then-decode run.
+const std::vector<FaultInfo>& known_faults() {
+  static const std::vector<FaultInfo> faults = {
+      {"rope-interleaved", "rope", 1,
+       "RoPE pairs (x[2i], x[2i+1]) (GPT-J style) instead of Hugging Face's half-split (x[i], x[i+d/2])"},
+      {"rope-scaling-prefill-only", "rope", 1,
+       "llama3 frequency scaling applied in prefill but not in decode (single-token steps use unscaled frequencies)"},
+      {"drop-qkv-bias", "qkv_proj", 1, "the q/k/v projection biases (Qwen2) are ignored"},
+      {"qk-norm-after-rope", "rope", 1, "Qwen3's per-head q/k RMSNorm applied after RoPE instead of before"},
+      {"gqa-modulo", "attention", 1, "query head h reads kv head h % n_kv instead of h / (n_heads / n_kv)"},
+      {"attn-scale-hidden", "attention", 1,
+       "attention scaled by (hidden / n_heads) ** -0.5 instead of head_dim ** -0.5 (differs when head_dim is decoupled, Qwen3)"},
+      {"stale-kv", "kv_write", 2,
+       "decode steps write a stale row (the previous step's keys and values) into the KV cache: right on the first call, wrong after"},
+      {"bf16-accumulate", "gemm", 1, "GEMM/GEMV accumulate in bf16 instead of fp32"},
+  };
+  return faults;
+}
+
+const FaultInfo& fault_info(const std::string& name) {
+  for (const FaultInfo& f : known_faults())
+    if (f.name == name) return f;
+  std::string names;
+  for (const FaultInfo& f : known_faults()) names += (names.empty() ? "" : ", ") + f.name;
+  fail("unknown fault '{}'; known faults: {}", name, names);
+}
+
+}  // namespace tessera

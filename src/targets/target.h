@@ -1,0 +1,66 @@
+// What every target offers the pipeline: a model runner (prefill + decode with a KV cache,
+// probe points named like the oracle's, per-op execution counters) and the kernel faults
+// that can be injected on purpose. The FP32 oracle is wrapped in the same interface so
+// that generation, gates and benchmarks treat every executor alike.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "io/weights.h"
+#include "oracle/oracle.h"
+
+namespace tessera {
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  virtual std::string target() const = 0;  // "cpu", "oracle", "npusim"
+  virtual const ModelSpec& spec() const = 0;
+  // Runs `ids` at the next positions (appending to the KV cache) and returns logits for
+  // every position ([T, vocab]) or the last only ([1, vocab]). Probe names as the oracle's.
+  virtual std::vector<float> forward(std::span<const int32_t> ids, bool all_logits = true,
+                                     const ProbeFn& probe = {}, ProbeLevel level = ProbeLevel::None) = 0;
+  virtual int64_t position() const = 0;
+  virtual void reset(int64_t start_position = 0) = 0;  // see Oracle::reset
+  virtual void truncate(int64_t positions) = 0;
+  // How many times each op ran on this target since construction ("gemm", "attention", ...).
+  virtual std::map<std::string, int64_t> op_counters() const { return {}; }
+};
+
+// The oracle as a runner (the reference every target is gated against).
+class OracleRunner final : public ModelRunner {
+ public:
+  explicit OracleRunner(const Model& model, int threads = 0) : oracle_(model, threads) {}
+  std::string target() const override { return "oracle"; }
+  const ModelSpec& spec() const override { return oracle_.spec(); }
+  std::vector<float> forward(std::span<const int32_t> ids, bool all_logits = true, const ProbeFn& probe = {},
+                             ProbeLevel level = ProbeLevel::None) override {
+    return oracle_.forward(ids, all_logits, probe, level);
+  }
+  int64_t position() const override { return oracle_.position(); }
+  void reset(int64_t start_position = 0) override { oracle_.reset(start_position); }
+  void truncate(int64_t positions) override { oracle_.truncate(positions); }
+  Oracle& oracle() { return oracle_; }
+
+ private:
+  Oracle oracle_;
+};
+
+// Faults a target can be made to commit on purpose (`--inject NAME`), each a known porting
+// failure from ../shared/reference/porting-pitfalls.md. The gates must catch every one.
+struct FaultInfo {
+  std::string name;
+  std::string kernel;       // the stage whose output the fault corrupts (what bisect must name)
+  int first_phase;          // the first phase whose gate must catch it
+  std::string description;
+};
+const std::vector<FaultInfo>& known_faults();
+const FaultInfo& fault_info(const std::string& name);  // throws naming the known faults
+using FaultSet = std::set<std::string>;
+
+}  // namespace tessera

@@ -1,0 +1,335 @@
+// The cpu target's kernels against their oracle twins, on every ISA path this CPU has.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "io/weights.h"
+#include "model/spec.h"
+#include "oracle/ops.h"
+#include "targets/cpu/kernels.h"
+
+namespace tessera {
+namespace {
+
+using cpu::Bf16Matrix;
+using cpu::ThreadPool;
+
+struct Stats {
+  double nmse = 0, pearson = 0, cosine = 0;
+};
+
+Stats compare(const float* got, const float* ref, size_t n) {
+  double se = 0, ss = 0, sg = 0, sr = 0, sgg = 0, srr = 0, sgr = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double g = got[i], r = ref[i];
+    se += (g - r) * (g - r);
+    ss += r * r;
+    sg += g;
+    sr += r;
+    sgg += g * g;
+    srr += r * r;
+    sgr += g * r;
+  }
+  Stats s;
+  s.nmse = ss > 0 ? se / ss : se;
+  const double m = double(n);
+  const double cov = sgr / m - (sg / m) * (sr / m);
+  const double vg = sgg / m - (sg / m) * (sg / m), vr = srr / m - (sr / m) * (sr / m);
+  s.pearson = (vg > 0 && vr > 0) ? cov / std::sqrt(vg * vr) : 1.0;
+  s.cosine = (sgg > 0 && srr > 0) ? sgr / std::sqrt(sgg * srr) : 1.0;
+  return s;
+}
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7FFF + ((u >> 16) & 1);
+  return uint16_t(u >> 16);
+}
+
+std::vector<uint16_t> randn_bf16(size_t n, uint32_t seed, float scale) {
+  const auto f = randn(n, seed, scale);
+  std::vector<uint16_t> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = to_bf16(f[i]);
+  return out;
+}
+
+Weight bf16_weight(const std::vector<uint16_t>& data, int64_t rows, int64_t cols) {
+  Weight w;
+  w.name = w.source_name = "test.weight";
+  w.info.name = w.name;
+  w.info.dtype = DType::BF16;
+  w.info.shape = {rows, cols};
+  w.info.data = reinterpret_cast<const uint8_t*>(data.data());
+  w.info.nbytes = uint64_t(rows * cols * 2);
+  return w;
+}
+
+// Runs `body` once per ISA path this CPU has, with that path forced.
+template <typename F>
+void for_each_isa(F&& body) {
+  const auto isas = cpu::available_isas();
+  ASSERT_FALSE(isas.empty());
+  for (const auto& name : isas) {
+    SCOPED_TRACE("isa " + name);
+    cpu::set_isa(name);
+    ASSERT_EQ(cpu::isa(), name);
+    body(name);
+  }
+  cpu::set_isa("auto");
+}
+
+TEST(CpuKernels, IsaSelection) {
+  const auto isas = cpu::available_isas();
+  ASSERT_FALSE(isas.empty());
+  for (const auto& name : isas) {
+    cpu::set_isa(name);
+    EXPECT_EQ(cpu::isa(), name);
+  }
+  cpu::set_isa("scalar");
+  EXPECT_EQ(cpu::isa(), isas.back());
+  cpu::set_isa("hwy");
+  EXPECT_NE(cpu::isa(), "avx512bf16");
+  EXPECT_THROW(cpu::set_isa("quantum"), std::exception);
+  cpu::set_isa("auto");
+  EXPECT_EQ(cpu::isa(), isas.front());
+}
+
+TEST(CpuKernels, MatmulMatchesOracle) {
+  ThreadPool pool(2);
+  struct Shape {
+    int64_t T, N, K;
+  };
+  const Shape shapes[] = {{1, 7, 72},   {3, 7, 72},    {1, 33, 576},  {2, 17, 31},  {5, 20, 100},
+                          {17, 50, 129}, {64, 96, 576}, {1, 40, 4100}, {9, 12, 4100}, {6, 5, 1},
+                          {40, 130, 300}, {16, 16, 32}, {23, 70, 4100}};
+  for_each_isa([&](const std::string& isa) {
+    for (const Shape& s : shapes) {
+      for (bool with_bias : {false, true}) {
+        SCOPED_TRACE("T=" + std::to_string(s.T) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K) +
+                     (with_bias ? " bias" : ""));
+        const auto wdata = randn_bf16(size_t(s.N * s.K), uint32_t(s.N * 31 + s.K), 0.05f);
+        const auto x = randn(size_t(s.T * s.K), uint32_t(s.T + 7));
+        const auto bias = randn(size_t(s.N), 99, 0.5f);
+        const Weight w = bf16_weight(wdata, s.N, s.K);
+        std::vector<float> ref(size_t(s.T * s.N)), got(size_t(s.T * s.N), -1.0f);
+        oracle::linear(x.data(), s.T, w, with_bias ? bias.data() : nullptr, ref.data(), 1);
+        cpu::matmul(x.data(), s.T, Bf16Matrix{wdata.data(), s.N, s.K}, with_bias ? bias.data() : nullptr, got.data(),
+                    pool);
+        const Stats st = compare(got.data(), ref.data(), got.size());
+        EXPECT_LE(st.nmse, isa == "avx512bf16" ? 2e-5 : 1e-10);
+        EXPECT_GE(st.pearson, 0.9999);
+      }
+    }
+  });
+}
+
+TEST(CpuKernels, MatmulSingleThreadAndManyThreadsAgree) {
+  ThreadPool one(1), three(3);
+  const int64_t T = 7, N = 45, K = 200;
+  const auto wdata = randn_bf16(size_t(N * K), 5, 0.05f);
+  const auto x = randn(size_t(T * K), 6);
+  std::vector<float> a(size_t(T * N)), b(size_t(T * N));
+  for (int64_t t : {int64_t(1), T}) {
+    cpu::matmul(x.data(), t, Bf16Matrix{wdata.data(), N, K}, nullptr, a.data(), one);
+    cpu::matmul(x.data(), t, Bf16Matrix{wdata.data(), N, K}, nullptr, b.data(), three);
+    for (int64_t i = 0; i < t * N; ++i) EXPECT_EQ(a[size_t(i)], b[size_t(i)]);
+  }
+}
+
+TEST(CpuKernels, RmsnormMatchesOracle) {
+  for_each_isa([&](const std::string&) {
+    for (int64_t n : {1, 7, 64, 72, 576, 2051}) {
+      const int64_t rows = 3;
+      const auto x = randn(size_t(rows * n), uint32_t(n), 2.0f);
+      const auto w = randn(size_t(n), uint32_t(n + 1), 1.0f);
+      std::vector<float> ref(x.size()), got(x.size());
+      oracle::rmsnorm(x.data(), w.data(), ref.data(), rows, n, 1e-5);
+      cpu::rmsnorm(x.data(), w.data(), got.data(), rows, n, 1e-5f);
+      EXPECT_LE(compare(got.data(), ref.data(), got.size()).nmse, 1e-10) << "n=" << n;
+      std::vector<float> inplace = x;  // in place
+      cpu::rmsnorm(inplace.data(), w.data(), inplace.data(), rows, n, 1e-5f);
+      EXPECT_LE(compare(inplace.data(), ref.data(), got.size()).nmse, 1e-10) << "n=" << n;
+    }
+  });
+}
+
+TEST(CpuKernels, RopeMatchesOracle) {
+  for_each_isa([&](const std::string&) {
+    for (int64_t hd : {8, 64, 72, 128}) {
+      for (int64_t pos0 : {0, 1000}) {
+        const int64_t T = 5, nh = 3;
+        std::vector<float> inv(size_t(hd / 2));
+        for (int64_t i = 0; i < hd / 2; ++i) inv[size_t(i)] = float(1.0 / std::pow(10000.0, double(2 * i) / double(hd)));
+        auto ref = randn(size_t(T * nh * hd), uint32_t(hd + pos0));
+        auto got = ref;
+        oracle::rope(ref.data(), T, nh, hd, pos0, inv);
+        cpu::rope(got.data(), T, nh, hd, pos0, inv.data());
+        EXPECT_LE(compare(got.data(), ref.data(), got.size()).nmse, 1e-10) << "hd=" << hd << " pos0=" << pos0;
+      }
+    }
+  });
+}
+
+TEST(CpuKernels, SiluMulAddEmbeddingMatchOracle) {
+  for_each_isa([&](const std::string&) {
+    for (int64_t n : {1, 5, 16, 67, 1536}) {
+      auto g = randn(size_t(n), uint32_t(n), 4.0f);
+      if (n > 3) {
+        g[0] = -120.0f;
+        g[1] = 120.0f;
+        g[2] = -90.0f;
+      }
+      const auto u = randn(size_t(n), uint32_t(n + 3));
+      std::vector<float> ref(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+      oracle::silu_mul(g.data(), u.data(), ref.data(), n);
+      cpu::silu_mul(g.data(), u.data(), got.data(), n);
+      EXPECT_LE(compare(got.data(), ref.data(), got.size()).nmse, 1e-10) << "n=" << n;
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(std::isfinite(got[i]));
+      auto inplace = g;
+      cpu::silu_mul(inplace.data(), u.data(), inplace.data(), n);
+      EXPECT_LE(compare(inplace.data(), ref.data(), got.size()).nmse, 1e-10);
+
+      auto h = randn(size_t(n), 11);
+      auto h_ref = h;
+      for (int64_t i = 0; i < n; ++i) h_ref[size_t(i)] += u[size_t(i)];
+      cpu::add(h.data(), u.data(), n);
+      EXPECT_EQ(h, h_ref);
+    }
+    const int64_t rows = 10, cols = 77;
+    const auto table = randn_bf16(size_t(rows * cols), 3, 1.0f);
+    const Weight wt = bf16_weight(table, rows, cols);
+    const std::vector<int32_t> ids = {3, 0, 9, 3};
+    std::vector<float> got(ids.size() * cols), ref(cols);
+    cpu::embedding(Bf16Matrix{table.data(), rows, cols}, ids.data(), int64_t(ids.size()), got.data());
+    for (size_t t = 0; t < ids.size(); ++t) {
+      wt.row_f32(ids[t], ref.data());
+      for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(got[t * cols + size_t(c)], ref[size_t(c)]);
+    }
+    const int32_t bad = 10;
+    EXPECT_THROW(cpu::embedding(Bf16Matrix{table.data(), rows, cols}, &bad, 1, got.data()), std::exception);
+  });
+}
+
+// Attention over a cache holding positions [0, pos0 + T), against the oracle with fp32 K/V.
+void check_attention(int64_t n_heads, int64_t n_kv, int64_t hd, int64_t pos0, int64_t T, ThreadPool& pool) {
+  SCOPED_TRACE("heads " + std::to_string(n_heads) + "/" + std::to_string(n_kv) + " pos0=" + std::to_string(pos0) +
+               " T=" + std::to_string(T));
+  ModelSpec spec;
+  spec.n_heads = n_heads;
+  spec.n_kv_heads = n_kv;
+  spec.head_dim = hd;
+  const int64_t kv_dim = n_kv * hd, ctx = pos0 + T;
+  const auto k = randn(size_t(ctx * kv_dim), uint32_t(ctx), 1.5f);
+  const auto v = randn(size_t(ctx * kv_dim), uint32_t(ctx + 1));
+  const auto q = randn(size_t(T * n_heads * hd), uint32_t(ctx + 2), 1.5f);
+  cpu::KvCache cache(2, kv_dim);
+  // Earlier positions first (as a prefill would), then this call's rows.
+  if (pos0 > 0) cache.write(1, 0, k.data(), v.data(), pos0);
+  cache.write(1, pos0, k.data() + pos0 * kv_dim, v.data() + pos0 * kv_dim, T);
+  std::vector<float> ref(q.size()), got(q.size());
+  oracle::attention(q.data(), T, pos0, k.data(), v.data(), spec, ref.data(), 1);
+  cpu::attention(q.data(), T, pos0, cache, 1, n_heads, n_kv, hd, float(spec.attn_scale()), got.data(), pool);
+  const Stats st = compare(got.data(), ref.data(), got.size());
+  EXPECT_GE(st.cosine, 0.9999);
+  EXPECT_LE(st.nmse, 1e-5);
+}
+
+TEST(CpuKernels, AttentionPrefillAndDecodeMatchOracle) {
+  ThreadPool pool(2);
+  for_each_isa([&](const std::string& isa) {
+    check_attention(8, 2, 64, 0, 37, pool);    // prefill, GQA 4
+    check_attention(9, 3, 64, 0, 20, pool);    // prefill, GQA 3
+    check_attention(8, 2, 64, 300, 1, pool);   // decode (keys split in chunks)
+    check_attention(9, 3, 64, 1000, 1, pool);  // decode
+    check_attention(8, 2, 64, 50, 6, pool);    // continuing prefill over a filled cache
+    check_attention(8, 2, 64, 50, 16, pool);   // a second prefill chunk after 50 cached positions
+    check_attention(4, 4, 24, 3, 3, pool);     // no GQA, head_dim not a multiple of 16
+    check_attention(4, 4, 24, 3, 12, pool);    // the same, prefill-sized
+    check_attention(2, 1, 128, 0, 9, pool);    // GQA 2, head_dim 128
+  });
+}
+
+TEST(CpuKernels, AttentionRejectsMissingPositions) {
+  ThreadPool pool(2);
+  cpu::KvCache cache(1, 16);
+  std::vector<float> kv(16 * 4, 0.5f), q(2 * 2 * 16, 1.0f), out(q.size());
+  cache.write(0, 0, kv.data(), kv.data(), 3);
+  EXPECT_THROW(cpu::attention(q.data(), 2, 2, cache, 0, 2, 1, 16, 0.25f, out.data(), pool), std::exception);
+  EXPECT_NO_THROW(cpu::attention(q.data(), 2, 1, cache, 0, 2, 1, 16, 0.25f, out.data(), pool));
+}
+
+TEST(CpuKernels, KvCacheGrowsAcrossManyWrites) {
+  const int64_t layers = 3, kv_dim = 40, steps = 700;
+  cpu::KvCache cache(layers, kv_dim);
+  EXPECT_EQ(cache.bytes_per_position(), layers * kv_dim * 2 * 2);
+  const auto k = randn(size_t(steps * kv_dim), 1, 3.0f);
+  const auto v = randn(size_t(steps * kv_dim), 2, 3.0f);
+  // A prefill of 5 rows, then one row at a time.
+  for (int64_t l = 0; l < layers; ++l) cache.write(l, 0, k.data(), v.data(), 5);
+  for (int64_t p = 5; p < steps; ++p)
+    for (int64_t l = 0; l < layers; ++l) cache.write(l, p, k.data() + p * kv_dim, v.data() + p * kv_dim, 1);
+  std::vector<float> row(static_cast<size_t>(kv_dim));
+  for (int64_t l = 0; l < layers; ++l)
+    for (int64_t p = 0; p < steps; p += 37) {
+      cache.read_k(l, p, row.data());
+      EXPECT_LE(compare(row.data(), k.data() + p * kv_dim, row.size()).nmse, 1e-6);
+      cache.read_v(l, p, row.data());
+      EXPECT_LE(compare(row.data(), v.data() + p * kv_dim, row.size()).nmse, 1e-6);
+    }
+  EXPECT_THROW(cache.read_k(0, steps, row.data()), std::exception);
+  // Overwriting a position (a rewound generation) replaces it.
+  std::vector<float> ones(size_t(kv_dim), 1.0f);
+  cache.write(2, 10, ones.data(), ones.data(), 1);
+  cache.read_v(2, 10, row.data());
+  EXPECT_EQ(row, ones);
+}
+
+TEST(CpuKernels, ThreadPoolCoversRangeAndPropagatesExceptions) {
+  for (int threads : {1, 2, 5}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.size(), threads);
+    for (int64_t n : {1, 2, 3, 4, 7, 1000}) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      pool.parallel_for(n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+      });
+      for (auto& h : hits) ASSERT_EQ(h.load(), 1) << "threads " << threads << " n " << n;
+      for (auto& h : hits) h = 0;
+      pool.parallel_for(n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+      }, 3);
+      for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+    }
+    EXPECT_THROW(pool.parallel_for(10, [&](int64_t b, int64_t) {
+      if (b == 0) throw std::runtime_error("chunk failed");
+    }), std::runtime_error);
+    // The pool still works after an exception, and many tiny regions stay correct.
+    std::atomic<int64_t> sum{0};
+    for (int rep = 0; rep < 2000; ++rep)
+      pool.parallel_for(3, [&](int64_t b, int64_t e) { sum += e - b; });
+    EXPECT_EQ(sum.load(), 6000);
+    // Nested regions run inline instead of deadlocking.
+    std::atomic<int64_t> nested{0};
+    pool.parallel_for(4, [&](int64_t b, int64_t e) {
+      pool.parallel_for(10, [&](int64_t b2, int64_t e2) { nested += e2 - b2; });
+    });
+    EXPECT_GE(nested.load(), 10);
+  }
+}
+
+}  // namespace
+}  // namespace tessera

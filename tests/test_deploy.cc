@@ -1,0 +1,235 @@
+// The gated pipeline end to end on the cpu target: every tiny preset and the real default
+// model deploy with every gate passing; each injected fault is caught by the phase that
+// must catch it and phase 2's bisect names its kernel; interruption and --from-phase
+// resume without losing work; a deployment edited after the fact is refused.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "model/presets.h"
+#include "pipeline/deploy.h"
+#include "pipeline/executor.h"
+#include "synth/synth.h"
+#include "util/error.h"
+#include "test_support.h"
+
+namespace tessera {
+namespace {
+
+using testing_support::run_tessera;
+using testing_support::ScratchDir;
+namespace fs = std::filesystem;
+
+// Tiny checkpoints are synthesized once per test process and shared.
+const std::string& tiny_model(const std::string& preset) {
+  static std::mutex mu;
+  static std::map<std::string, std::string> made;
+  static ScratchDir root("deploy_models");
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = made.find(preset);
+  if (it != made.end()) return it->second;
+  SynthOptions o;
+  o.preset = preset;
+  o.tiny = true;
+  o.out_dir = root.str(preset);
+  synth(o);
+  return made[preset] = o.out_dir;
+}
+
+DeployOptions options(const std::string& model, const std::string& out, FaultSet faults = {}) {
+  DeployOptions o;
+  o.model_path = model;
+  o.out_dir = out;
+  o.faults = std::move(faults);
+  o.quiet = true;
+  return o;
+}
+
+bool have_default_model() { return fs::exists(testing_support::default_gguf()); }
+
+class DeployTiny : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DeployTiny, EveryGatePasses) {
+  ScratchDir out("deploy");
+  const DeployResult r = deploy(options(tiny_model(GetParam()), out.str("dep")));
+  EXPECT_TRUE(r.pass) << "phase " << r.failed_phase << ": " << r.diagnosis;
+  const Deployment dep = Deployment::open_existing(out.str("dep"));
+  for (int id : {0, 1, 2, 3, 6}) EXPECT_EQ(dep.phase_status(id), "passed") << "phase " << id;
+  for (const char* f : {"state.json", "plan.json", "plan.md", "kernel_registry.md", "kernel_registry.json", "phase_timing.md",
+                        "report.json", "gates.md"})
+    EXPECT_TRUE(fs::exists(out.path() / "dep" / f)) << f;
+}
+
+std::vector<std::string> tiny_presets() {
+  std::vector<std::string> names;
+  for (const Preset& p : presets()) names.push_back(p.name);
+  return names;
+}
+INSTANTIATE_TEST_SUITE_P(Presets, DeployTiny, ::testing::ValuesIn(tiny_presets()),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n) if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
+
+// The README's main job: the real default model deploys, and the deployment answers.
+TEST(Deploy, DefaultModelDeploysAndRunsFromTheDeployment) {
+  if (!have_default_model()) GTEST_SKIP() << "run scripts/setup.sh";
+  ScratchDir out("deploy_default");
+  auto r = run_tessera("deploy --out " + out.str("dep") + " --quiet");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("| PASS |"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("| FAIL |"), std::string::npos) << r.out;
+  auto run = run_tessera("run " + out.str("dep") + " --chat --prompt 'What is the capital of France?' -n 12 --json");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto j = nlohmann::json::parse(run.out);
+  EXPECT_NE(j["text"].get<std::string>().find("Paris"), std::string::npos) << j["text"];
+  EXPECT_EQ(j["executor"], "cpu");
+  EXPECT_EQ(j["source"], out.str("dep"));
+}
+
+// ---- faults: the first phase that must catch each one does, and bisect names the kernel
+
+struct FaultCase {
+  std::string fault;
+  std::string preset;  // a model where the fault changes the numbers at all
+};
+
+class DeployFault : public ::testing::TestWithParam<FaultCase> {};
+
+TEST_P(DeployFault, CaughtByItsPhaseAndNamedByBisect) {
+  const FaultCase& c = GetParam();
+  const FaultInfo& info = fault_info(c.fault);
+  ScratchDir out("fault");
+  const std::string model_path = tiny_model(c.preset);
+  const DeployResult r = deploy(options(model_path, out.str("dep"), {c.fault}));
+  EXPECT_FALSE(r.pass);
+  EXPECT_EQ(r.failed_phase, info.first_phase) << c.fault << ": " << r.diagnosis;
+  const Deployment dep = Deployment::open_existing(out.str("dep"));
+  for (int id = 0; id < info.first_phase; ++id)
+    if (phase_def(id).implemented) EXPECT_EQ(dep.phase_status(id), "passed") << "phase " << id;
+  EXPECT_TRUE(fs::exists(out.path() / "dep" / "issues.md"));
+
+  // Phase 2's bisect on this fault (run directly: a phase-1 catch stops the pipeline first).
+  Model model = Model::open(model_path);
+  DeployOptions o = options(model_path, out.str("dep"), {c.fault});
+  Deployment d2 = Deployment::open_existing(out.str("dep"));
+  PhaseContext ctx(d2, model, o);
+  const BisectResult b = bisect_block(ctx);
+  EXPECT_TRUE(b.stage == info.kernel || b.kernel == info.kernel)
+      << c.fault << ": bisect named " << b.stage << " (" << b.kernel << "), expected " << info.kernel << "\n" << b.text();
+  // Without the fault the same block passes: the experiment itself is sound.
+  DeployOptions clean = options(model_path, out.str("dep"));
+  PhaseContext ctx_clean(d2, model, clean);
+  EXPECT_TRUE(run_phase2_block(ctx_clean).pass);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Faults, DeployFault,
+    ::testing::Values(FaultCase{"rope-interleaved", "SmolLM2-135M"}, FaultCase{"rope-scaling-prefill-only", "Llama-3.2-1B"},
+                      FaultCase{"drop-qkv-bias", "Qwen2.5-0.5B"}, FaultCase{"qk-norm-after-rope", "Qwen3-0.6B"},
+                      FaultCase{"gqa-modulo", "Qwen3-0.6B"}, FaultCase{"attn-scale-hidden", "Qwen3-0.6B"},
+                      FaultCase{"stale-kv", "SmolLM2-135M"}, FaultCase{"bf16-accumulate", "SmolLM2-135M"}),
+    [](const auto& info) {
+      std::string n = info.param.fault;
+      for (char& c : n) if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+      return n;
+    });
+
+TEST(Deploy, EveryKnownFaultHasACase) {
+  // The list above must cover known_faults(); a new fault without a test fails here.
+  const std::set<std::string> covered = {"rope-interleaved", "rope-scaling-prefill-only", "drop-qkv-bias", "qk-norm-after-rope",
+                                         "gqa-modulo", "attn-scale-hidden", "stale-kv", "bf16-accumulate"};
+  for (const FaultInfo& f : known_faults()) EXPECT_TRUE(covered.count(f.name)) << f.name;
+}
+
+TEST(Deploy, UnknownFaultIsRefused) {
+  auto r = run_tessera("deploy --inject rope-sideways --out /tmp/never");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("unknown fault 'rope-sideways'"), std::string::npos) << r.err;
+}
+
+// ---- resume
+
+TEST(Deploy, KilledInPhase3ResumesWithoutLosingWork) {
+  if (!have_default_model()) GTEST_SKIP() << "run scripts/setup.sh";
+  ScratchDir out("resume");
+  const std::string dir = out.str("dep");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::execl(TESSERA_BINARY, TESSERA_BINARY, "deploy", "--out", dir.c_str(), "--quiet", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Kill it as soon as phase 3 has finished its first prompt (and before it finishes).
+  const fs::path first = fs::path(dir) / "phase3" / "prompt_0.json";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  while (!fs::exists(first) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(fs::exists(first)) << "phase 3 never started";
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the deploy finished before it could be killed";
+  const Deployment killed = Deployment::open_existing(dir);
+  EXPECT_EQ(killed.phase_status(2), "passed");
+  EXPECT_EQ(killed.phase_status(3), "running");
+
+  auto r = run_tessera("deploy --out " + dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("phase 2 block: passed in an earlier run (resumed)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("resumed from disk"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("prompt 1/"), std::string::npos) << "prompt 1 was redone:\n" << r.err;
+}
+
+TEST(Deploy, FromPhaseRerunsThatPhaseAndLater) {
+  ScratchDir out("from");
+  const std::string model = tiny_model("SmolLM2-135M");
+  ASSERT_TRUE(deploy(options(model, out.str("dep"))).pass);
+  const std::string before = Deployment::open_existing(out.str("dep")).phase_record(1).value("finished", "");
+  DeployOptions o = options(model, out.str("dep"));
+  o.from_phase = 3;
+  ASSERT_TRUE(deploy(o).pass);
+  const Deployment dep = Deployment::open_existing(out.str("dep"));
+  EXPECT_EQ(dep.phase_record(1).value("finished", ""), before) << "phase 1 should not have re-run";
+  for (int id : {3, 6}) EXPECT_EQ(dep.phase_status(id), "passed");
+}
+
+// ---- a deployment is bound to its model and its frozen plan
+
+TEST(Deploy, RunRefusesAnEditedPlan) {
+  ScratchDir out("edited");
+  const std::string model = tiny_model("SmolLM2-135M");
+  ASSERT_TRUE(deploy(options(model, out.str("dep"))).pass);
+  EXPECT_EQ(run_tessera("run " + out.str("dep") + " --prompt hi -n 2").exit_code, 0);
+  nlohmann::json plan = read_json_file(out.path() / "dep" / "plan.json");
+  plan["cpu"]["threads"] = 64;
+  write_json_atomic(out.path() / "dep" / "plan.json", plan);
+  auto r = run_tessera("run " + out.str("dep") + " --prompt hi -n 2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("not the plan phase 6 froze"), std::string::npos) << r.err;
+}
+
+TEST(Deploy, RefusesADirectoryOfAnotherDeployment) {
+  ScratchDir out("other");
+  ASSERT_TRUE(deploy(options(tiny_model("SmolLM2-135M"), out.str("dep"))).pass);
+  EXPECT_THROW(deploy(options(tiny_model("Qwen3-0.6B"), out.str("dep"))), Error);
+  EXPECT_THROW(deploy(options(tiny_model("SmolLM2-135M"), out.str("dep"), {"stale-kv"})), Error);
+}
+
+TEST(Deploy, RunRefusesAnUnfinishedDeployment) {
+  ScratchDir out("unfinished");
+  deploy(options(tiny_model("SmolLM2-135M"), out.str("dep"), {"stale-kv"}));  // stops at phase 2
+  auto r = run_tessera("run " + out.str("dep") + " --prompt hi -n 2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("has not passed phase 6"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace tessera
