@@ -43,12 +43,21 @@ int run_deploy(const DeployArgs& a) {
   o.quiet = a.quiet;
   const DeployResult r = deploy(o);
   const Deployment dep = Deployment::open_existing(o.out_dir);
-  fmt::print("{}", gate_summary_markdown(dep));
-  fmt::print("\nPhases:\n");
+  // The summary: one row per phase; every gate row is in DIR/gates.md.
+  fmt::print("| phase | name | status | gates passed | summary |\n|---|---|---|---|---|\n");
   for (const PhaseDef& p : phase_defs()) {
     const nlohmann::json rec = dep.phase_record(p.id);
-    fmt::print("  {} {:<12} {:<8} {}\n", p.id, p.name, rec.value("status", "pending"), rec.value("summary", ""));
+    std::string counts;
+    const auto f = dep.file(fmt::format("phase{}.json", p.id));
+    if (std::filesystem::exists(f)) {
+      const nlohmann::json j = read_json_file(f);
+      int passed = 0;
+      for (const auto& g : j["gates"]) passed += gates::GateResult::from_json(g).pass();
+      counts = fmt::format("{}/{}", passed, j["gates"].size());
+    }
+    fmt::print("| {} | {} | {} | {} | {} |\n", p.id, p.name, rec.value("status", "pending"), counts, rec.value("summary", ""));
   }
+  fmt::print("\nEvery gate row, with the thresholds it was held to: {}/gates.md\n", o.out_dir);
   if (r.pass) {
     fmt::print("\ndeployment ready: {} (run it with `tessera run {} --prompt ...`)\n", o.out_dir, o.out_dir);
     return 0;
