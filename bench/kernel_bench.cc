@@ -119,13 +119,15 @@ void bench_gemv(ThreadPool& pool, double bw) {
     std::vector<float> x(size_t(s.K), 0.5f), y(size_t(s.N));
     size_t i = 0;
     const size_t per_call = size_t(s.N * s.K) * 2;
-    const int calls = int(std::max<size_t>(1, (size_t(64) << 20) / per_call));  // >= 64 MiB a timing
+    // >= 128 MiB a timing (like the read loop's slices), best of many to see past other
+    // processes' noise.
+    const int calls = int(std::max<size_t>(1, (size_t(128) << 20) / per_call));
     const double t = best_time([&] {
       for (int c = 0; c < calls; ++c) {
         matmul(x.data(), 1, Bf16Matrix{w.copies[i].data(), s.N, s.K}, nullptr, y.data(), pool);
         i = (i + 1) % w.copies.size();
       }
-    }, g_quick ? 0.1 : 0.3);
+    }, g_quick ? 0.3 : 1.0, g_quick ? 6 : 16);
     const double gbs = double(per_call) * calls / t / 1e9;
     std::printf("  gemv %-5s %-8s [%6ld x %5ld]  %8.1f us  %6.1f GB/s  %5.1f%% of read bw\n", s.model, s.name,
                 long(s.N), long(s.K), t / calls * 1e6, gbs, 100.0 * gbs / bw);

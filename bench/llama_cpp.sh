@@ -113,6 +113,12 @@ if [ ! -f "$GGUF" ]; then
   mv "$GGUF.part" "$GGUF"
 fi
 
+# A busy machine distorts both sides (llama.cpp's spinning threads most): say so.
+LOAD=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0)
+if awk -v l="$LOAD" -v n="$(nproc)" 'BEGIN { exit !(l > 0.5 * n) }'; then
+  say "warning: load average $LOAD on $(nproc) cores: the machine is busy, the numbers will be noisy"
+fi
+
 # --- 3. llama.cpp: prefill at 128 and 512 tokens, decode after a 128- and 512-token context
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT

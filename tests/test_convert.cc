@@ -211,13 +211,16 @@ TEST(Convert, QuantizedGgufToBf16) {
   EXPECT_LT(rel_max_diff(logits(src, ids), logits(dst, ids)), 0.05);
 }
 
-TEST(Convert, BadDtypeRefused) {
+TEST(Convert, BadOptionsRefused) {
   const auto r = run_tessera("convert /nonexistent --to gguf --dtype q4_0 --out /tmp/x.gguf");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("unsupported --dtype 'q4_0'"), std::string::npos) << r.err;
   const auto r2 = run_tessera("convert /nonexistent --to onnx --out /tmp/x.gguf");
   EXPECT_EQ(r2.exit_code, 1);
   EXPECT_NE(r2.err.find("unsupported --to 'onnx'"), std::string::npos) << r2.err;
+  const auto r4 = run_tessera("convert /nonexistent --out /tmp/x.gguf --tokenizer-pre bogus");
+  EXPECT_EQ(r4.exit_code, 1);
+  EXPECT_NE(r4.err.find("unsupported --tokenizer-pre 'bogus'"), std::string::npos) << r4.err;
   const auto r3 = run_tessera("convert /nonexistent --to gguf");
   EXPECT_EQ(r3.exit_code, 1);
   EXPECT_NE(r3.err.find("--out"), std::string::npos) << r3.err;

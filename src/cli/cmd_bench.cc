@@ -30,6 +30,7 @@ struct BenchArgs {
   int threads = 0;
   bool json = false;
   bool no_bandwidth = false;
+  bool profile = false;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -44,7 +45,7 @@ double median(std::vector<double> v) {
 void run_bench(const BenchArgs& a) {
   if (a.repeats < 1) fail("--repeats must be >= 1, got {}", a.repeats);
   if (a.decode_tokens < 1) fail("--decode-tokens must be >= 1, got {}", a.decode_tokens);
-  Executor ex = open_executor(a.model, a.target, a.threads);
+  Executor ex = open_executor(a.model, a.target, a.threads, a.profile);
   ModelRunner& runner = *ex.runner;
   const ModelSpec& s = runner.spec();
   std::vector<int> lens = a.prompt_lens.empty() ? std::vector<int>{128, 512} : a.prompt_lens;
@@ -82,15 +83,31 @@ void run_bench(const BenchArgs& a) {
     out["prefill"].push_back({{"prompt_len", L}, {"tokens_per_s", median(tps)}, {"samples", tps}});
     say(fmt::format("  prefill {:>4} tokens: {:8.1f} tok/s", L, median(tps)));
   }
+  auto* cpu_runner = dynamic_cast<CpuRunner*>(&runner);
+  auto report_profile = [&](const std::string& what, double tokens) {
+    if (!a.profile || !cpu_runner) return;
+    double total = 0;
+    for (const auto& [stage, sec] : cpu_runner->stage_seconds()) total += sec;
+    std::string line = fmt::format("    profile {} (us/token):", what);
+    for (const auto& [stage, sec] : cpu_runner->stage_seconds()) {
+      out["profile"][what][stage] = sec / tokens;
+      line += fmt::format(" {} {:.0f} ({:.0f}%);", stage, 1e6 * sec / tokens, 100 * sec / total);
+    }
+    say(line);
+    cpu_runner->clear_profile();
+  };
+  if (cpu_runner) cpu_runner->clear_profile();
   for (int C : lens) {
     std::vector<double> tps;
     for (int r = 0; r < a.repeats; ++r) {
       runner.reset();
       runner.forward(std::span(ids).first(size_t(C)), false);
       const auto t0 = std::chrono::steady_clock::now();
+      if (cpu_runner) cpu_runner->clear_profile();
       for (int i = 0; i < a.decode_tokens; ++i) runner.forward(std::span(ids).subspan(size_t(C + i), 1), false);
       tps.push_back(a.decode_tokens / seconds_since(t0));
     }
+    report_profile(fmt::format("decode@{}", C), a.decode_tokens);
     out["decode"].push_back({{"context", C}, {"tokens_per_s", median(tps)}, {"samples", tps}});
     say(fmt::format("  decode at context {:>4}: {:8.1f} tok/s", C, median(tps)));
   }
@@ -128,6 +145,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--threads", a->threads, "Worker threads (default: all cores)");
   cmd->add_flag("--json", a->json, "Print one JSON object instead of the table");
   cmd->add_flag("--no-bandwidth", a->no_bandwidth, "Skip the read-bandwidth measurement");
+  cmd->add_flag("--profile", a->profile, "cpu target: also report wall time per stage for decode (the last repeat)");
   cmd->callback([a] { run_bench(*a); });
 }
 

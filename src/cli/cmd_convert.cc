@@ -47,6 +47,10 @@ void add_convert_command(CLI::App& app) {
     if (a->dtype != "bf16" && a->dtype != "BF16")
       fail("convert: unsupported --dtype '{}' (supported: bf16)", a->dtype);
     if (a->out.empty()) fail("convert needs --out FILE.gguf");
+    // Names both llama.cpp and tessera's GGUF tokenizer loader know.
+    const std::string& pre = a->tokenizer_pre;
+    if (!pre.empty() && pre != "llama-bpe" && pre != "qwen2" && pre != "smollm" && pre != "gpt-2" && pre != "default")
+      fail("convert: unsupported --tokenizer-pre '{}' (supported: llama-bpe, qwen2, smollm, gpt-2, default)", pre);
     const Model model = Model::open(resolve_model_path(a->model));
     GgufExportOptions opts;
     opts.out_path = a->out;

@@ -19,7 +19,7 @@ bool is_deployment_dir(const std::string& path) { return fs::is_directory(path) 
 
 namespace {
 
-Executor open_deployment(const std::string& dir, const std::string& target, int threads) {
+Executor open_deployment(const std::string& dir, const std::string& target, int threads, bool profile) {
   Deployment dep = Deployment::open_existing(dir);
   const nlohmann::json& id = dep.identity();
   if (!target.empty() && target != id.value("target", ""))
@@ -37,6 +37,7 @@ Executor open_deployment(const std::string& dir, const std::string& target, int 
   e.model = std::make_unique<Model>(Model::open(model_path));
   CpuOptions o;
   o.threads = threads > 0 ? threads : plan["cpu"].value("threads", 0);
+  o.profile = profile;
   for (const auto& f : id["faults"]) o.faults.insert(f.get<std::string>());
   e.runner = std::make_unique<CpuRunner>(*e.model, o);
   e.source = dir;
@@ -47,14 +48,15 @@ Executor open_deployment(const std::string& dir, const std::string& target, int 
 
 }  // namespace
 
-Executor open_executor(const std::string& what, const std::string& target, int threads) {
-  if (is_deployment_dir(what)) return open_deployment(what, target, threads);
+Executor open_executor(const std::string& what, const std::string& target, int threads, bool profile) {
+  if (is_deployment_dir(what)) return open_deployment(what, target, threads, profile);
   Executor e;
   e.source = resolve_model_path(what);
   e.model = std::make_unique<Model>(Model::open(e.source));
   if (target.empty() || target == "cpu") {
     CpuOptions o;
     o.threads = threads;
+    o.profile = profile;
     e.runner = std::make_unique<CpuRunner>(*e.model, o);
     e.description = "cpu (no deployment: not gated; `tessera deploy` gates it)";
   } else if (target == "oracle") {

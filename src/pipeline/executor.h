@@ -18,7 +18,9 @@ struct Executor {
 };
 
 // `target` empty: a deployment's own target, or "cpu" for a model.
-Executor open_executor(const std::string& model_or_deployment, const std::string& target, int threads);
+// profile: the cpu runner accumulates wall time per stage (CpuRunner::stage_seconds).
+Executor open_executor(const std::string& model_or_deployment, const std::string& target, int threads,
+                       bool profile = false);
 
 bool is_deployment_dir(const std::string& path);
 

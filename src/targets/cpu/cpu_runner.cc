@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
 #include <string_view>
 
@@ -170,7 +171,25 @@ void CpuRunner::truncate(int64_t positions) {
   position_ = positions;  // later writes overwrite the dropped rows
 }
 
-void CpuRunner::count(Stage s) { (by_oracle(s) ? oracle_calls_ : target_calls_)[size_t(s)]++; }
+void CpuRunner::count(Stage s) {
+  (by_oracle(s) ? oracle_calls_ : target_calls_)[size_t(s)]++;
+  if (options_.profile) lap(s);
+}
+
+void CpuRunner::lap(Stage next) {
+  // Stages run back to back, so the time since the last lap belongs to the stage before.
+  const auto now = std::chrono::steady_clock::now();
+  if (current_ != Stage::Count) stage_seconds_[size_t(current_)] += std::chrono::duration<double>(now - last_lap_).count();
+  current_ = next;
+  last_lap_ = now;
+}
+
+std::map<std::string, double> CpuRunner::stage_seconds() const {
+  std::map<std::string, double> out;
+  for (int i = 0; i < kStageCount; ++i)
+    if (stage_seconds_[size_t(i)] > 0) out[kStages[i].name] = stage_seconds_[size_t(i)];
+  return out;
+}
 
 std::map<std::string, int64_t> CpuRunner::op_counters() const {
   std::map<std::string, int64_t> out;
@@ -386,6 +405,7 @@ std::vector<float> CpuRunner::forward(std::span<const int32_t> ids, bool all_log
   static const std::vector<float> kNoBias;
   op_linear(Stage::LmHead, x.data(), rows, model_.lm_head().name, kNoBias, logits.data());
   if (probe && level >= ProbeLevel::Layers) probe("logits", logits.data(), rows, s.vocab);
+  if (options_.profile) lap(Stage::Count);
   return logits;
 }
 

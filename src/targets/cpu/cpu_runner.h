@@ -5,6 +5,7 @@
 // experiment phase 2's bisect runs).
 #pragma once
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -33,6 +34,7 @@ struct CpuOptions {
   int threads = 0;                 // 0: default_threads()
   FaultSet faults;                 // --inject
   std::set<Stage> oracle_stages;   // stages run by the oracle's kernel instead (bisect)
+  bool profile = false;            // accumulate wall time per stage (stage_seconds)
 };
 
 class CpuRunner final : public ModelRunner {
@@ -48,6 +50,9 @@ class CpuRunner final : public ModelRunner {
   void reset(int64_t start_position = 0) override;
   void truncate(int64_t positions) override;
   std::map<std::string, int64_t> op_counters() const override;
+  // With CpuOptions::profile: wall seconds spent in each stage since construction.
+  std::map<std::string, double> stage_seconds() const;
+  void clear_profile() { stage_seconds_.fill(0); }
 
   // Runs layers [0, n_layers) on hidden states h [T, hidden] (in place) at the next
   // positions, without embedding or head: phase 2 drives one layer with the oracle's inputs.
@@ -83,6 +88,7 @@ class CpuRunner final : public ModelRunner {
   bool by_oracle(Stage s) const { return options_.oracle_stages.count(s) > 0; }
   bool fault(const char* name) const { return options_.faults.count(name) > 0; }
   void count(Stage s);
+  void lap(Stage next);
   const cpu::Bf16Matrix& load_matrix(const Weight& w);
 
   const Model& model_;
@@ -97,6 +103,9 @@ class CpuRunner final : public ModelRunner {
   int64_t mapped_bytes_ = 0, owned_bytes_ = 0;
   int64_t position_ = 0, base_ = 0;
   std::array<int64_t, kStageCount> target_calls_{}, oracle_calls_{};
+  std::array<double, kStageCount> stage_seconds_{};
+  Stage current_ = Stage::Count;
+  std::chrono::steady_clock::time_point last_lap_;
   // Working buffers, grown to the largest T seen.
   std::vector<float> x_, q_, k_, v_, attn_, o_, gate_, up_, act_, down_, scratch_;
 };

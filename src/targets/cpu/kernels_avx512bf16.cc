@@ -2,12 +2,21 @@
 // 1.0.3 has no dot-product-of-bf16 op, so this path uses intrinsics under function target
 // attributes; the file compiles without any special flags.
 //
-// Activations are rounded to bf16 once per call ([T, Kp] with K padded to 32 with zeros);
-// weights are read in place (row-major [N, K] bf16, never repacked) with masked loads for the
-// K tail. Each micro-kernel keeps MR token rows x NR weight rows of zmm accumulators holding
-// 16 partial dot products each, and finishes with a shuffle tree that reduces 16
-// accumulators into one zmm of 16 sums.
+// Activations are rounded to bf16 once per call ([T, Kp], K padded with zeros); weights are
+// read in place (row-major [N, K] bf16, never repacked into a second copy), masked loads
+// handle the K tail. Three kernels:
+//  - T == 1 (decode GEMV): one weight row at a time so the matrix streams sequentially,
+//    4 accumulators per row, 16 rows reduced together by a shuffle tree;
+//  - 1 < T < 16: 4 tokens x 4 rows of dot-product accumulators, same reduction;
+//  - T >= 16 (prefill GEMM): 64-row x 256-k panels transposed into an L1 scratch tile of
+//    bf16 pairs; a 6-token x 64-row micro-kernel broadcasts activation pairs and accumulates
+//    straight into output lanes (no horizontal reductions), with the next panel prefetched.
 #include <immintrin.h>
+
+// GCC 12's avx512fintrin.h shuffles use an intentionally undefined pass-through operand,
+// which -Wuninitialized reports once inlined here.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <algorithm>
 #include <array>
@@ -390,10 +399,12 @@ void matmul_avx512bf16(const float* x, int64_t T, const Bf16Matrix& w, const flo
   else
     convert_rows(x, T, K, Kp, xb);
   if (T == 1) {
+    // Dynamic chunks of >= 4 blocks (64 rows): a thread that the memory system serves
+    // faster takes more, so neither waits at the barrier for the other.
     const int64_t blocks = (N + 15) / 16;
-    pool.parallel_for(blocks, [&](int64_t b, int64_t e) {
-      gemv_range(xb, w.data, K, bias, y, b * 16, std::min(N, e * 16));
-    });
+    const int64_t grain = std::max<int64_t>(4, blocks / (8 * pool.size()));
+    pool.parallel_for(
+        blocks, [&](int64_t b, int64_t e) { gemv_range(xb, w.data, K, bias, y, b * 16, std::min(N, e * 16)); }, grain);
   } else if (T >= kPackedMinT) {
     const int64_t units = (N + 15) / 16;  // threads split N in groups of 16 rows
     pool.parallel_for(units, [&](int64_t b, int64_t e) {
