@@ -2,7 +2,7 @@
 
 #include <string_view>
 
-#include "model/tensors.h"
+#include "io/layer_params.h"
 #include "oracle/ops.h"
 #include "util/error.h"
 #include "util/parallel.h"
@@ -17,10 +17,6 @@ const std::vector<std::string>& layer_probe_suffixes() {
 }
 
 namespace {
-std::vector<float> optional_f32(const Model& m, const std::string& name) {
-  const Weight* w = m.find(name);
-  return w ? w->to_f32() : std::vector<float>{};
-}
 const float* ptr_or_null(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
 }  // namespace
 
@@ -28,36 +24,7 @@ Oracle::Oracle(const Model& model, int threads)
     : model_(model), threads_(threads > 0 ? threads : default_threads()) {
   const ModelSpec& s = model.spec();
   layers_.resize(static_cast<size_t>(s.n_layers));
-  for (int64_t l = 0; l < s.n_layers; ++l) {
-    Layer& L = layers_[size_t(l)];
-    auto w = [&](const char* suffix) { return &model.get(layer_tensor(l, suffix)); };
-    auto f = [&](const char* suffix) { return optional_f32(model, layer_tensor(l, suffix)); };
-    L.q = w("self_attn.q_proj.weight");
-    L.k = w("self_attn.k_proj.weight");
-    L.v = w("self_attn.v_proj.weight");
-    L.o = w("self_attn.o_proj.weight");
-    L.gate = w("mlp.gate_proj.weight");
-    L.up = w("mlp.up_proj.weight");
-    L.down = w("mlp.down_proj.weight");
-    L.attn_norm = model.get(layer_tensor(l, "input_layernorm.weight")).to_f32();
-    L.mlp_norm = model.get(layer_tensor(l, "post_attention_layernorm.weight")).to_f32();
-    if (s.qk_norm) {
-      L.q_norm = model.get(layer_tensor(l, "self_attn.q_norm.weight")).to_f32();
-      L.k_norm = model.get(layer_tensor(l, "self_attn.k_norm.weight")).to_f32();
-    }
-    // Biases are read only when the spec says the architecture has them.
-    if (s.qkv_bias) {
-      L.q_bias = f("self_attn.q_proj.bias");
-      L.k_bias = f("self_attn.k_proj.bias");
-      L.v_bias = f("self_attn.v_proj.bias");
-    }
-    if (s.o_bias) L.o_bias = f("self_attn.o_proj.bias");
-    if (s.mlp_bias) {
-      L.gate_bias = f("mlp.gate_proj.bias");
-      L.up_bias = f("mlp.up_proj.bias");
-      L.down_bias = f("mlp.down_proj.bias");
-    }
-  }
+  for (int64_t l = 0; l < s.n_layers; ++l) layers_[size_t(l)].p = load_layer_params(model, l);
   final_norm_ = model.get("model.norm.weight").to_f32();
   inv_freq_ = oracle::rope_inv_freq(s);
 }
@@ -109,7 +76,8 @@ std::vector<float> Oracle::forward(std::span<const int32_t> ids, bool all_logits
   std::vector<float> gate(static_cast<size_t>(T * I)), up(static_cast<size_t>(T * I)), act(static_cast<size_t>(T * I)), down(static_cast<size_t>(T * H));
 
   for (int64_t l = 0; l < s.n_layers; ++l) {
-    Layer& L = layers_[size_t(l)];
+    Layer& layer = layers_[size_t(l)];
+    const LayerParams& L = layer.p;
     const std::string p = probe ? fmt::format("layers.{}.", l) : std::string();
 
     oracle::rmsnorm(h.data(), L.attn_norm.data(), x.data(), T, H, s.rms_eps);
@@ -127,9 +95,9 @@ std::vector<float> Oracle::forward(std::span<const int32_t> ids, bool all_logits
     emit(ProbeLevel::All, p, "k", k, KV);
     emit(ProbeLevel::All, p, "v", v, KV);
 
-    L.k_cache.insert(L.k_cache.end(), k.begin(), k.end());
-    L.v_cache.insert(L.v_cache.end(), v.begin(), v.end());
-    oracle::attention(q.data(), T, position_ - base_, L.k_cache.data(), L.v_cache.data(), s, attn.data(), threads_);
+    layer.k_cache.insert(layer.k_cache.end(), k.begin(), k.end());
+    layer.v_cache.insert(layer.v_cache.end(), v.begin(), v.end());
+    oracle::attention(q.data(), T, position_ - base_, layer.k_cache.data(), layer.v_cache.data(), s, attn.data(), threads_);
     emit(ProbeLevel::All, p, "attn", attn, Q);
     oracle::linear(attn.data(), T, *L.o, ptr_or_null(L.o_bias), o.data(), threads_);
     emit(ProbeLevel::All, p, "o_proj", o, H);

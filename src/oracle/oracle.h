@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "io/layer_params.h"
 #include "io/weights.h"
 
 namespace tessera {
@@ -44,9 +45,7 @@ class Oracle {
 
  private:
   struct Layer {
-    const Weight *q, *k, *v, *o, *gate, *up, *down;
-    std::vector<float> attn_norm, mlp_norm, q_norm, k_norm;
-    std::vector<float> q_bias, k_bias, v_bias, o_bias, gate_bias, up_bias, down_bias;
+    LayerParams p;
     std::vector<float> k_cache, v_cache;  // [positions, kv_dim]
   };
   const Model& model_;

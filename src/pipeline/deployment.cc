@@ -14,6 +14,10 @@ namespace tessera {
 
 namespace fs = std::filesystem;
 
+namespace {
+constexpr const char* kIssuesHeader = "# Issues\n\nEvery gate failure, its diagnosis, and what fixed it.\n";
+}  // namespace
+
 const std::vector<PhaseDef>& phase_defs() {
   static const std::vector<PhaseDef> defs = {
       {0, "oracle", "load the model, build the FP32 oracle, check it", true},
@@ -91,6 +95,7 @@ Deployment Deployment::open_for_deploy(const fs::path& dir, const nlohmann::json
   for (const PhaseDef& p : phase_defs())
     d.state_["phases"][std::to_string(p.id)] = {{"name", p.name}, {"status", p.implemented ? "pending" : "not-run"}};
   d.save_state();
+  write_file_atomic(d.file("issues.md"), kIssuesHeader);
   return d;
 }
 
@@ -135,7 +140,7 @@ void Deployment::append_issue(int phase, const std::string& title, const std::st
     ss << in.rdbuf();
     text = ss.str();
   } else {
-    text = "# Issues\n\nEvery gate failure, its diagnosis, and what fixed it.\n";
+    text = kIssuesHeader;
   }
   text += fmt::format("\n## {} phase {} ({}): {}\n\n{}\n", now_iso8601(), phase, phase_def(phase).name, title, body);
   write_file_atomic(file("issues.md"), text);

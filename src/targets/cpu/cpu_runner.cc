@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string_view>
 
+#include "io/layer_params.h"
 #include "model/tensors.h"
 #include "oracle/ops.h"
 #include "targets/cpu/faulty_kernels.h"
@@ -50,11 +51,7 @@ const std::vector<Stage>& layer_stages() {
   return stages;
 }
 
-struct CpuRunner::Layer {
-  std::string q, k, v, o, gate, up, down;  // canonical weight names (matrices_ keys)
-  std::vector<float> attn_norm, mlp_norm, q_norm, k_norm;
-  std::vector<float> q_bias, k_bias, v_bias, o_bias, gate_bias, up_bias, down_bias;
-};
+struct CpuRunner::Layer : LayerParams {};
 
 const cpu::Bf16Matrix& CpuRunner::load_matrix(const Weight& w) {
   if (auto it = matrices_.find(w.name); it != matrices_.end()) return it->second;
@@ -88,42 +85,11 @@ CpuRunner::CpuRunner(const Model& model, CpuOptions options) : model_(model), op
   pool_ = std::make_unique<cpu::ThreadPool>(options_.threads > 0 ? options_.threads : default_threads());
   const ModelSpec& s = model.spec();
   cache_ = std::make_unique<cpu::KvCache>(s.n_layers, s.kv_dim());
-  auto optional_f32 = [&](const std::string& name) {
-    const Weight* w = model.find(name);
-    return w ? w->to_f32() : std::vector<float>{};
-  };
   layers_.resize(size_t(s.n_layers));
   for (int64_t l = 0; l < s.n_layers; ++l) {
     Layer& L = layers_[size_t(l)];
-    auto mat = [&](const char* suffix) {
-      const std::string name = layer_tensor(l, suffix);
-      load_matrix(model.get(name));
-      return name;
-    };
-    L.q = mat("self_attn.q_proj.weight");
-    L.k = mat("self_attn.k_proj.weight");
-    L.v = mat("self_attn.v_proj.weight");
-    L.o = mat("self_attn.o_proj.weight");
-    L.gate = mat("mlp.gate_proj.weight");
-    L.up = mat("mlp.up_proj.weight");
-    L.down = mat("mlp.down_proj.weight");
-    L.attn_norm = model.get(layer_tensor(l, "input_layernorm.weight")).to_f32();
-    L.mlp_norm = model.get(layer_tensor(l, "post_attention_layernorm.weight")).to_f32();
-    if (s.qk_norm) {
-      L.q_norm = model.get(layer_tensor(l, "self_attn.q_norm.weight")).to_f32();
-      L.k_norm = model.get(layer_tensor(l, "self_attn.k_norm.weight")).to_f32();
-    }
-    if (s.qkv_bias) {
-      L.q_bias = optional_f32(layer_tensor(l, "self_attn.q_proj.bias"));
-      L.k_bias = optional_f32(layer_tensor(l, "self_attn.k_proj.bias"));
-      L.v_bias = optional_f32(layer_tensor(l, "self_attn.v_proj.bias"));
-    }
-    if (s.o_bias) L.o_bias = optional_f32(layer_tensor(l, "self_attn.o_proj.bias"));
-    if (s.mlp_bias) {
-      L.gate_bias = optional_f32(layer_tensor(l, "mlp.gate_proj.bias"));
-      L.up_bias = optional_f32(layer_tensor(l, "mlp.up_proj.bias"));
-      L.down_bias = optional_f32(layer_tensor(l, "mlp.down_proj.bias"));
-    }
+    static_cast<LayerParams&>(L) = load_layer_params(model, l);
+    for (const Weight* w : {L.q, L.k, L.v, L.o, L.gate, L.up, L.down}) load_matrix(*w);
   }
   load_matrix(model.get("model.embed_tokens.weight"));
   load_matrix(model.lm_head());
@@ -149,8 +115,8 @@ int64_t CpuRunner::weight_bytes_per_token() const {
   // Every layer matrix once, plus the LM head (the embedding row read is negligible).
   int64_t bytes = 0;
   for (const Layer& L : layers_)
-    for (const std::string* n : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) {
-      const cpu::Bf16Matrix& m = matrix(*n);
+    for (const Weight* w : {L.q, L.k, L.v, L.o, L.gate, L.up, L.down}) {
+      const cpu::Bf16Matrix& m = matrix(w->name);
       bytes += m.rows * m.cols * 2;
     }
   const cpu::Bf16Matrix& head = matrix(model_.lm_head().name);
@@ -310,9 +276,9 @@ void CpuRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& probe, 
   emit(ProbeLevel::All, "attn_norm", x, H);
 
   count(Stage::QkvProj);
-  op_linear(Stage::QkvProj, x, T, L.q, L.q_bias, q);
-  op_linear(Stage::QkvProj, x, T, L.k, L.k_bias, k);
-  op_linear(Stage::QkvProj, x, T, L.v, L.v_bias, v);
+  op_linear(Stage::QkvProj, x, T, L.q->name, L.q_bias, q);
+  op_linear(Stage::QkvProj, x, T, L.k->name, L.k_bias, k);
+  op_linear(Stage::QkvProj, x, T, L.v->name, L.v_bias, v);
 
   op_rope(l, q, k, T, position_);
   emit(ProbeLevel::All, "q", q, Q);
@@ -325,7 +291,7 @@ void CpuRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& probe, 
   emit(ProbeLevel::All, "attn", attn, Q);
 
   count(Stage::OProj);
-  op_linear(Stage::OProj, attn, T, L.o, L.o_bias, o);
+  op_linear(Stage::OProj, attn, T, L.o->name, L.o_bias, o);
   emit(ProbeLevel::All, "o_proj", o, H);
   add(Stage::AttnResidual, h, o, T * H);
   emit(ProbeLevel::All, "attn_residual", h, H);
@@ -333,8 +299,8 @@ void CpuRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& probe, 
   norm(Stage::MlpNorm, h, L.mlp_norm, x, T, H);
   emit(ProbeLevel::All, "mlp_norm", x, H);
   count(Stage::GateUpProj);
-  op_linear(Stage::GateUpProj, x, T, L.gate, L.gate_bias, gate);
-  op_linear(Stage::GateUpProj, x, T, L.up, L.up_bias, up);
+  op_linear(Stage::GateUpProj, x, T, L.gate->name, L.gate_bias, gate);
+  op_linear(Stage::GateUpProj, x, T, L.up->name, L.up_bias, up);
   emit(ProbeLevel::All, "gate", gate, I);
   emit(ProbeLevel::All, "up", up, I);
   count(Stage::SiluMul);
@@ -342,7 +308,7 @@ void CpuRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& probe, 
   else cpu::silu_mul(gate, up, act, T * I);
   emit(ProbeLevel::All, "act", act, I);
   count(Stage::DownProj);
-  op_linear(Stage::DownProj, act, T, L.down, L.down_bias, down);
+  op_linear(Stage::DownProj, act, T, L.down->name, L.down_bias, down);
   emit(ProbeLevel::All, "down", down, H);
   add(Stage::MlpResidual, h, down, T * H);
   emit(ProbeLevel::Layers, "out", h, H);
