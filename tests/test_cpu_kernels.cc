@@ -296,6 +296,19 @@ TEST(CpuKernels, KvCacheGrowsAcrossManyWrites) {
   cache.write(2, 10, ones.data(), ones.data(), 1);
   cache.read_v(2, 10, row.data());
   EXPECT_EQ(row, ones);
+  cache.read_k(2, 10, row.data());
+  EXPECT_EQ(row, ones);
+  // A write past the end leaves a zeroed gap (keys are stored in tiles of positions).
+  cache.write(1, steps + 20, ones.data(), ones.data(), 1);
+  const std::vector<float> zeros(size_t(kv_dim), 0.0f);
+  for (int64_t p : {steps, steps + 3, steps + 19}) {
+    cache.read_k(1, p, row.data());
+    EXPECT_EQ(row, zeros);
+    cache.read_v(1, p, row.data());
+    EXPECT_EQ(row, zeros);
+  }
+  cache.read_k(1, steps + 20, row.data());
+  EXPECT_EQ(row, ones);
 }
 
 TEST(CpuKernels, ThreadPoolCoversRangeAndPropagatesExceptions) {

@@ -69,9 +69,9 @@ TEST_P(DeployTiny, EveryGatePasses) {
 
 std::vector<std::string> tiny_presets() {
 #ifdef TESSERA_SANITIZED
-  // Under ASan/UBSan (several times slower) one preset per architecture and family; the
-  // Release run deploys all eleven.
-  return {"Llama-3.2-1B", "SmolLM2-360M", "Qwen2.5-1.5B", "Qwen3-1.7B"};
+  // Under ASan/UBSan (several times slower) a few presets; qwen2 is deployed by the
+  // drop-qkv-bias fault case. The Release run deploys all eleven.
+  return {"Llama-3.2-1B", "SmolLM2-360M", "Qwen3-1.7B"};  // qwen2: the drop-qkv-bias case
 #else
   std::vector<std::string> names;
   for (const Preset& p : presets()) names.push_back(p.name);
@@ -87,6 +87,9 @@ INSTANTIATE_TEST_SUITE_P(Presets, DeployTiny, ::testing::ValuesIn(tiny_presets()
 
 // The README's main job: the real default model deploys, and the deployment answers.
 TEST(Deploy, DefaultModelDeploysAndRunsFromTheDeployment) {
+#ifdef TESSERA_SANITIZED
+  GTEST_SKIP() << "the real model end to end is the Release run's; tiny presets cover the same code under sanitizers";
+#endif
   if (!have_default_model()) GTEST_SKIP() << "run scripts/setup.sh";
   ScratchDir out("deploy_default");
   auto r = run_tessera("deploy --out " + out.str("dep") + " --quiet");
@@ -141,10 +144,10 @@ TEST_P(DeployFault, CaughtByItsPhaseAndNamedByBisect) {
 
 INSTANTIATE_TEST_SUITE_P(
     Faults, DeployFault,
-    ::testing::Values(FaultCase{"rope-interleaved", "SmolLM2-135M"}, FaultCase{"rope-scaling-prefill-only", "Llama-3.2-1B"},
+    ::testing::Values(FaultCase{"rope-interleaved", "SmolLM2-360M"}, FaultCase{"rope-scaling-prefill-only", "Llama-3.2-1B"},
                       FaultCase{"drop-qkv-bias", "Qwen2.5-0.5B"}, FaultCase{"qk-norm-after-rope", "Qwen3-0.6B"},
                       FaultCase{"gqa-modulo", "Qwen3-0.6B"}, FaultCase{"attn-scale-hidden", "Qwen3-0.6B"},
-                      FaultCase{"stale-kv", "SmolLM2-135M"}, FaultCase{"bf16-accumulate", "SmolLM2-135M"}),
+                      FaultCase{"stale-kv", "SmolLM2-360M"}, FaultCase{"bf16-accumulate", "SmolLM2-360M"}),
     [](const auto& info) {
       std::string n = info.param.fault;
       for (char& c : n) if (!isalnum(static_cast<unsigned char>(c))) c = '_';
@@ -167,6 +170,9 @@ TEST(Deploy, UnknownFaultIsRefused) {
 // ---- resume
 
 TEST(Deploy, KilledInPhase3ResumesWithoutLosingWork) {
+#ifdef TESSERA_SANITIZED
+  GTEST_SKIP() << "the real model end to end is the Release run's; tiny presets cover the same code under sanitizers";
+#endif
   if (!have_default_model()) GTEST_SKIP() << "run scripts/setup.sh";
   ScratchDir out("resume");
   const std::string dir = out.str("dep");
@@ -199,7 +205,7 @@ TEST(Deploy, KilledInPhase3ResumesWithoutLosingWork) {
 
 TEST(Deploy, FromPhaseRerunsThatPhaseAndLater) {
   ScratchDir out("from");
-  const std::string model = tiny_model("SmolLM2-135M");
+  const std::string model = tiny_model("SmolLM2-360M");
   ASSERT_TRUE(deploy(options(model, out.str("dep"))).pass);
   const std::string before = Deployment::open_existing(out.str("dep")).phase_record(1).value("finished", "");
   DeployOptions o = options(model, out.str("dep"));
@@ -214,7 +220,7 @@ TEST(Deploy, FromPhaseRerunsThatPhaseAndLater) {
 
 TEST(Deploy, RunRefusesAnEditedPlan) {
   ScratchDir out("edited");
-  const std::string model = tiny_model("SmolLM2-135M");
+  const std::string model = tiny_model("SmolLM2-360M");
   ASSERT_TRUE(deploy(options(model, out.str("dep"))).pass);
   EXPECT_EQ(run_tessera("run " + out.str("dep") + " --prompt hi -n 2").exit_code, 0);
   nlohmann::json plan = read_json_file(out.path() / "dep" / "plan.json");
@@ -227,14 +233,14 @@ TEST(Deploy, RunRefusesAnEditedPlan) {
 
 TEST(Deploy, RefusesADirectoryOfAnotherDeployment) {
   ScratchDir out("other");
-  ASSERT_TRUE(deploy(options(tiny_model("SmolLM2-135M"), out.str("dep"))).pass);
+  ASSERT_TRUE(deploy(options(tiny_model("SmolLM2-360M"), out.str("dep"))).pass);
   EXPECT_THROW(deploy(options(tiny_model("Qwen3-0.6B"), out.str("dep"))), Error);
-  EXPECT_THROW(deploy(options(tiny_model("SmolLM2-135M"), out.str("dep"), {"stale-kv"})), Error);
+  EXPECT_THROW(deploy(options(tiny_model("SmolLM2-360M"), out.str("dep"), {"stale-kv"})), Error);
 }
 
 TEST(Deploy, RunRefusesAnUnfinishedDeployment) {
   ScratchDir out("unfinished");
-  deploy(options(tiny_model("SmolLM2-135M"), out.str("dep"), {"stale-kv"}));  // stops at phase 2
+  deploy(options(tiny_model("SmolLM2-360M"), out.str("dep"), {"stale-kv"}));  // stops at phase 2
   auto r = run_tessera("run " + out.str("dep") + " --prompt hi -n 2");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("has not passed phase 6"), std::string::npos) << r.err;

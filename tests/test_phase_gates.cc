@@ -51,7 +51,7 @@ void poke_bf16(const std::string& file, const std::string& tensor, uint16_t bits
 
 TEST(PhaseGates, Phase0FailsOnANanWeight) {
   ScratchDir dir("p0nan");
-  const std::string model = synth_tiny(dir, "SmolLM2-135M");
+  const std::string model = synth_tiny(dir, "SmolLM2-360M");
   poke_bf16(model + "/model.safetensors", "model.layers.1.mlp.down_proj.weight", 0x7FC0);  // bf16 NaN
   const DeployResult r = deploy(quiet(model, dir.str("dep")));
   EXPECT_FALSE(r.pass);
@@ -62,11 +62,11 @@ TEST(PhaseGates, Phase0FailsOnANanWeight) {
 
 TEST(PhaseGates, Phase0FailsAgainstAWrongReference) {
   ScratchDir dir("p0ref");
-  const std::string model = synth_tiny(dir, "SmolLM2-135M");
+  const std::string model = synth_tiny(dir, "SmolLM2-360M");
   // A copy of the true fixture whose hidden states are scrambled (same shape, same hash).
-  const fs::path src = fs::path(TESSERA_SOURCE_DIR) / "tests" / "fixtures" / "oracle" / "SmolLM2-135M";
+  const fs::path src = fs::path(TESSERA_SOURCE_DIR) / "tests" / "fixtures" / "oracle" / "SmolLM2-360M";
   ASSERT_TRUE(fs::exists(src / "fixture.json"));
-  const fs::path ref = dir.path() / "ref" / "SmolLM2-135M";
+  const fs::path ref = dir.path() / "ref" / "SmolLM2-360M";
   fs::create_directories(ref);
   fs::copy(src / "fixture.json", ref / "fixture.json");
   fs::copy(src / "logits.npy", ref / "logits.npy");
@@ -126,7 +126,7 @@ TEST_P(PhaseGateFails, OnAWrongTarget) {
 INSTANTIATE_TEST_SUITE_P(Phases, PhaseGateFails,
                          ::testing::Values(PhaseFault{2, "rope-interleaved", "SmolLM2-135M"},
                                            PhaseFault{3, "gqa-modulo", "Qwen3-0.6B"},
-                                           PhaseFault{6, "stale-kv", "SmolLM2-135M"}),
+                                           PhaseFault{6, "stale-kv", "SmolLM2-360M"}),
                          [](const auto& info) {
                            std::string n = "phase" + std::to_string(info.param.phase) + "_" + info.param.fault;
                            for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';

@@ -211,11 +211,13 @@ void KvCache::write(int64_t layer, int64_t pos, const float* k, const float* v, 
   Storage::Layer& L = storage_->layers[size_t(layer)];
   const int64_t need = pos + T;
   if (need > L.capacity) {
-    const int64_t cap = std::max({need, L.capacity * 2, int64_t(64)});
+    const int64_t cap = (std::max({need, L.capacity * 2, int64_t(64)}) + kKTile - 1) / kKTile * kKTile;
     uint16_t* nk = alloc_u16(cap * kv_dim_);
     uint16_t* nv = alloc_u16(cap * kv_dim_);
-    if (L.length > 0) {
-      std::memcpy(nk, L.k, size_t(L.length * kv_dim_) * 2);
+    std::memset(nk, 0, size_t(cap * kv_dim_) * 2);  // positions beyond length stay zero
+    std::memset(nv, 0, size_t(cap * kv_dim_) * 2);
+    if (L.capacity > 0) {
+      std::memcpy(nk, L.k, size_t(L.capacity * kv_dim_) * 2);  // whole tiles; same layout
       std::memcpy(nv, L.v, size_t(L.length * kv_dim_) * 2);
     }
     std::free(L.k);
@@ -224,11 +226,16 @@ void KvCache::write(int64_t layer, int64_t pos, const float* k, const float* v, 
     L.v = nv;
     L.capacity = cap;
   }
-  if (pos > L.length) {  // a gap: zero it so reads are defined
-    std::memset(L.k + L.length * kv_dim_, 0, size_t((pos - L.length) * kv_dim_) * 2);
-    std::memset(L.v + L.length * kv_dim_, 0, size_t((pos - L.length) * kv_dim_) * 2);
+  // A gap (pos > length) is already zero: storage beyond length is never written.
+  thread_local std::vector<uint16_t> kh;
+  if (kh.size() < size_t(T * kv_dim_)) kh.resize(size_t(T * kv_dim_));
+  f32_to_f16(k, kh.data(), T * kv_dim_);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t p = pos + t;
+    uint16_t* dst = L.k + k_tile_index(p, 0, kv_dim_);
+    const uint16_t* src = kh.data() + t * kv_dim_;
+    for (int64_t c = 0; c < kv_dim_; ++c) dst[c * kKTile] = src[c];
   }
-  f32_to_f16(k, L.k + pos * kv_dim_, T * kv_dim_);
   f32_to_f16(v, L.v + pos * kv_dim_, T * kv_dim_);
   L.length = std::max(L.length, need);
 }
@@ -237,7 +244,7 @@ void KvCache::read_k(int64_t layer, int64_t pos, float* out) const {
   if (layer < 0 || layer >= n_layers_) fail("KvCache layer {} out of range ({} layers)", layer, n_layers_);
   const Storage::Layer& L = storage_->layers[size_t(layer)];
   if (pos < 0 || pos >= L.length) fail("KvCache position {} not written (layer {} holds {})", pos, layer, L.length);
-  for (int64_t i = 0; i < kv_dim_; ++i) out[i] = f16_to_f32(L.k[pos * kv_dim_ + i]);
+  for (int64_t i = 0; i < kv_dim_; ++i) out[i] = f16_to_f32(L.k[k_tile_index(pos, i, kv_dim_)]);
 }
 
 void KvCache::read_v(int64_t layer, int64_t pos, float* out) const {
@@ -275,7 +282,7 @@ void attention(const float* q, int64_t T, int64_t pos0, const KvCache& cache, in
     float* vf = vf_buf.data();
     pool.parallel_for(n_kv_heads, [&](int64_t b, int64_t e) {
       for (int64_t h = b; h < e; ++h)
-        k_transpose_hwy(L.k + h * hd, L.v + h * hd, kv_dim, hd, ctx, ld, kt + h * hd * ld, vf + h * hd * ctx);
+        k_transpose_hwy(L.k, h * hd, L.v + h * hd, kv_dim, hd, ctx, ld, kt + h * hd * ld, vf + h * hd * ctx);
     });
     const int64_t TB = std::max<int64_t>(1, 32 / group);
     const int64_t tblocks = (T + TB - 1) / TB;
@@ -308,7 +315,7 @@ void attention(const float* q, int64_t T, int64_t pos0, const KvCache& cache, in
   const int64_t want = 4 * int64_t(pool.size());
   int64_t C = 1;
   if (rows_jobs < want) C = std::clamp<int64_t>((want + rows_jobs - 1) / rows_jobs, 1, std::max<int64_t>(1, ctx / 128));
-  const int64_t clen = (ctx + C - 1) / C;
+  const int64_t clen = ((ctx + C - 1) / C + kKTile - 1) / kKTile * kKTile;  // whole key tiles
   const int64_t jobs = rows_jobs * C;
 
   thread_local std::vector<float> part_buf;
@@ -318,8 +325,9 @@ void attention(const float* q, int64_t T, int64_t pos0, const KvCache& cache, in
   float* part = part_buf.data();
 
   auto job_fn = [&](int64_t b, int64_t e) {
-    std::vector<float> ml(size_t(2 * group));
-    std::vector<float> ob(size_t(group * hd));
+    thread_local std::vector<float> ml, ob;
+    if (ml.size() < size_t(2 * group)) ml.resize(size_t(2 * group));
+    if (ob.size() < size_t(group * hd)) ob.resize(size_t(group * hd));
     for (int64_t job = b; job < e; ++job) {
       // Heaviest query rows (latest positions) first.
       const int64_t t = T - 1 - job / (n_kv_heads * C);
@@ -330,7 +338,7 @@ void attention(const float* q, int64_t T, int64_t pos0, const KvCache& cache, in
       const float* qg = q + t * q_row + kvh * group * hd;
       float* m = ml.data();
       float* l = m + group;
-      attn_chunk_hwy(qg, hd, int(group), L.k + kvh * hd, L.v + kvh * hd, kv_dim, hd, j0, j1, scale, m, l, ob.data());
+      attn_chunk_hwy(qg, hd, int(group), L.k, kvh * hd, L.v + kvh * hd, kv_dim, hd, j0, j1, scale, m, l, ob.data());
       for (int64_t g = 0; g < group; ++g) {
         const int64_t h = kvh * group + g;
         if (C == 1) {

@@ -255,12 +255,105 @@ inline float f16_to_f32(uint16_t h) {
   return f;
 }
 
-// Up to 4 query heads at a time against keys/values [j0, j1).
-void AttnChunk(const float* q, int64_t q_stride, int ng, const uint16_t* k, const uint16_t* v, int64_t kv_stride,
-               int64_t hd, int64_t j0, int64_t j1, float scale, float* m, float* l, float* o) {
+// Tile-width vectors (kKTile positions of a key tile hold a whole number of them).
+using DT = hn::CappedTag<float, kKTile>;
+
+// NB query heads (qs[g], hd values) against keys/values [j0, j1) of the tiled key cache k
+// (first column c0) and value rows v (stride kv_dim). s: scratch of NB * ns floats.
+template <int NB>
+HWY_INLINE void AttnChunkHeads(const float* const* qs, const uint16_t* k, int64_t c0, const uint16_t* v,
+                               int64_t kv_dim, int64_t hd, int64_t j0, int64_t j1, float scale, float* s,
+                               int64_t ns, float* m, float* l, float* const* os) {
   const DF df;
+  const DT dt;
   const hn::Rebind<hwy::float16_t, DF> dh;
-  const int64_t L = int64_t(hn::Lanes(df));
+  const hn::Rebind<hwy::float16_t, DT> dht;
+  const int64_t L = int64_t(hn::Lanes(df)), Lt = int64_t(hn::Lanes(dt));
+  const int64_t tb0 = j0 / kKTile, tb1 = (j1 + kKTile - 1) / kKTile;
+  // Scores of whole tiles: lanes are positions, so no horizontal sums.
+  const auto vst = hn::Set(dt, scale);
+  for (int64_t tb = tb0; tb < tb1; ++tb) {
+    const uint16_t* kb = k + tb * kKTile * kv_dim + c0 * kKTile;
+    for (int64_t i0 = 0; i0 < kKTile; i0 += Lt) {
+      hn::Vec<DT> a[NB], b[NB];
+      for (int g = 0; g < NB; ++g) a[g] = b[g] = hn::Zero(dt);
+      int64_t d = 0;
+      for (; d + 2 <= hd; d += 2) {
+        const auto k0 = hn::PromoteTo(dt, hn::LoadU(dht, reinterpret_cast<const hwy::float16_t*>(kb + d * kKTile + i0)));
+        const auto k1 =
+            hn::PromoteTo(dt, hn::LoadU(dht, reinterpret_cast<const hwy::float16_t*>(kb + (d + 1) * kKTile + i0)));
+        for (int g = 0; g < NB; ++g) {
+          a[g] = hn::MulAdd(hn::Set(dt, qs[g][d]), k0, a[g]);
+          b[g] = hn::MulAdd(hn::Set(dt, qs[g][d + 1]), k1, b[g]);
+        }
+      }
+      if (d < hd) {
+        const auto k0 = hn::PromoteTo(dt, hn::LoadU(dht, reinterpret_cast<const hwy::float16_t*>(kb + d * kKTile + i0)));
+        for (int g = 0; g < NB; ++g) a[g] = hn::MulAdd(hn::Set(dt, qs[g][d]), k0, a[g]);
+      }
+      for (int g = 0; g < NB; ++g)
+        hn::StoreU(hn::Mul(hn::Add(a[g], b[g]), vst), dt, s + g * ns + (tb - tb0) * kKTile + i0);
+    }
+  }
+  // Softmax numerators over [j0, j1), per head.
+  const int64_t n = j1 - j0, off = j0 - tb0 * kKTile;
+  float* sg[NB];
+  for (int g = 0; g < NB; ++g) {
+    sg[g] = s + g * ns + off;
+    float* x = sg[g];
+    VF vmax = hn::Set(df, -std::numeric_limits<float>::infinity());
+    int64_t j = 0;
+    for (; j + L <= n; j += L) vmax = hn::Max(vmax, hn::LoadU(df, x + j));
+    float mx = hn::GetLane(hn::MaxOfLanes(df, vmax));
+    for (; j < n; ++j) mx = std::max(mx, x[j]);
+    const VF vm = hn::Set(df, mx);
+    VF vsum = hn::Zero(df);
+    for (j = 0; j + L <= n; j += L) {
+      const VF e = hn::Exp(df, hn::Sub(hn::LoadU(df, x + j), vm));
+      hn::StoreU(e, df, x + j);
+      vsum = hn::Add(vsum, e);
+    }
+    float sum = hn::GetLane(hn::SumOfLanes(df, vsum));
+    for (; j < n; ++j) {
+      x[j] = std::exp(x[j] - mx);
+      sum += x[j];
+    }
+    m[g] = mx;
+    l[g] = sum;
+  }
+  // o[g] = sum_j p[g][j] * v[j], accumulated in registers (up to 4 vectors of hd at a time).
+  const int64_t hdv = hd / L * L;
+  for (int64_t d0 = 0; d0 < hdv; d0 += 4 * L) {
+    const int nd = int(std::min<int64_t>(4, (hdv - d0) / L));
+    VF acc[NB][4];
+    for (int g = 0; g < NB; ++g)
+      for (int bb = 0; bb < 4; ++bb) acc[g][bb] = hn::Zero(df);
+    for (int64_t j = 0; j < n; ++j) {
+      const uint16_t* vr = v + (j0 + j) * kv_dim + d0;
+      VF p[NB];
+      for (int g = 0; g < NB; ++g) p[g] = hn::Set(df, sg[g][j]);
+      for (int bb = 0; bb < 4; ++bb) {
+        if (bb >= nd) break;
+        const VF vv = hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(vr + bb * L)));
+        for (int g = 0; g < NB; ++g) acc[g][bb] = hn::MulAdd(p[g], vv, acc[g][bb]);
+      }
+    }
+    for (int g = 0; g < NB; ++g)
+      for (int bb = 0; bb < nd; ++bb) hn::StoreU(acc[g][bb], df, os[g] + d0 + bb * L);
+  }
+  for (int64_t d = hdv; d < hd; ++d) {
+    float acc[NB] = {};
+    for (int64_t j = 0; j < n; ++j) {
+      const float vd = f16_to_f32(v[(j0 + j) * kv_dim + d]);
+      for (int g = 0; g < NB; ++g) acc[g] += sg[g][j] * vd;
+    }
+    for (int g = 0; g < NB; ++g) os[g][d] = acc[g];
+  }
+}
+
+// Up to 4 query heads at a time against keys/values [j0, j1).
+void AttnChunk(const float* q, int64_t q_stride, int ng, const uint16_t* k, int64_t c0, const uint16_t* v,
+               int64_t kv_dim, int64_t hd, int64_t j0, int64_t j1, float scale, float* m, float* l, float* o) {
   const int64_t n = j1 - j0;
   if (n <= 0) {
     for (int g = 0; g < ng; ++g) {
@@ -270,96 +363,49 @@ void AttnChunk(const float* q, int64_t q_stride, int ng, const uint16_t* k, cons
     }
     return;
   }
-  const int64_t hdv = hd / L * L;
+  const int64_t ns = ((j1 + kKTile - 1) / kKTile - j0 / kKTile) * kKTile;
   thread_local std::vector<float> sbuf;
-  if (sbuf.size() < size_t(ng * n)) sbuf.resize(size_t(ng * n));
+  if (sbuf.size() < size_t(4 * ns)) sbuf.resize(size_t(4 * ns));
   float* s = sbuf.data();
-  auto kf = [&](const uint16_t* p) {
-    return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
-  };
   for (int g0 = 0; g0 < ng; g0 += 4) {
     const int nb = std::min(4, ng - g0);
-    const float* q0 = q + (g0 + 0) * q_stride;
-    const float* q1 = q + (g0 + std::min(1, nb - 1)) * q_stride;
-    const float* q2 = q + (g0 + std::min(2, nb - 1)) * q_stride;
-    const float* q3 = q + (g0 + std::min(3, nb - 1)) * q_stride;
-    for (int64_t j = j0; j < j1; ++j) {
-      const uint16_t* kr = k + j * kv_stride;
-      VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
-      for (int64_t d = 0; d < hdv; d += L) {
-        const VF kv = kf(kr + d);
-        a0 = hn::MulAdd(hn::LoadU(df, q0 + d), kv, a0);
-        a1 = hn::MulAdd(hn::LoadU(df, q1 + d), kv, a1);
-        a2 = hn::MulAdd(hn::LoadU(df, q2 + d), kv, a2);
-        a3 = hn::MulAdd(hn::LoadU(df, q3 + d), kv, a3);
-      }
-      float r[4] = {hn::GetLane(hn::SumOfLanes(df, a0)), hn::GetLane(hn::SumOfLanes(df, a1)),
-                    hn::GetLane(hn::SumOfLanes(df, a2)), hn::GetLane(hn::SumOfLanes(df, a3))};
-      const float* qs[4] = {q0, q1, q2, q3};
-      for (int64_t d = hdv; d < hd; ++d) {
-        const float kd = f16_to_f32(kr[d]);
-        for (int g = 0; g < 4; ++g) r[g] += qs[g][d] * kd;
-      }
-      for (int g = 0; g < nb; ++g) s[(g0 + g) * n + (j - j0)] = r[g] * scale;
+    const float* qs[4];
+    float* os[4];
+    for (int g = 0; g < nb; ++g) {
+      qs[g] = q + (g0 + g) * q_stride;
+      os[g] = o + (g0 + g) * hd;
     }
-  }
-  // Softmax numerators, per head.
-  for (int g = 0; g < ng; ++g) {
-    float* sg = s + g * n;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sg[j]);
-    const VF vm = hn::Set(df, mx);
-    VF vsum = hn::Zero(df);
-    int64_t j = 0;
-    for (; j + L <= n; j += L) {
-      const VF e = hn::Exp(df, hn::Sub(hn::LoadU(df, sg + j), vm));
-      hn::StoreU(e, df, sg + j);
-      vsum = hn::Add(vsum, e);
-    }
-    float sum = hn::GetLane(hn::SumOfLanes(df, vsum));
-    for (; j < n; ++j) {
-      sg[j] = std::exp(sg[j] - mx);
-      sum += sg[j];
-    }
-    m[g] = mx;
-    l[g] = sum;
-    std::fill(o + g * hd, o + (g + 1) * hd, 0.0f);
-  }
-  // o[g] = sum_j p[g][j] * v[j]
-  for (int64_t j = j0; j < j1; ++j) {
-    const uint16_t* vr = v + j * kv_stride;
-    for (int64_t d = 0; d < hdv; d += L) {
-      const VF vv = kf(vr + d);
-      for (int g = 0; g < ng; ++g) {
-        float* og = o + g * hd + d;
-        hn::StoreU(hn::MulAdd(hn::Set(df, s[g * n + (j - j0)]), vv, hn::LoadU(df, og)), df, og);
-      }
-    }
-    for (int64_t d = hdv; d < hd; ++d) {
-      const float vd = f16_to_f32(vr[d]);
-      for (int g = 0; g < ng; ++g) o[g * hd + d] += s[g * n + (j - j0)] * vd;
+    switch (nb) {
+      case 1: AttnChunkHeads<1>(qs, k, c0, v, kv_dim, hd, j0, j1, scale, s, ns, m + g0, l + g0, os); break;
+      case 2: AttnChunkHeads<2>(qs, k, c0, v, kv_dim, hd, j0, j1, scale, s, ns, m + g0, l + g0, os); break;
+      case 3: AttnChunkHeads<3>(qs, k, c0, v, kv_dim, hd, j0, j1, scale, s, ns, m + g0, l + g0, os); break;
+      default: AttnChunkHeads<4>(qs, k, c0, v, kv_dim, hd, j0, j1, scale, s, ns, m + g0, l + g0, os); break;
     }
   }
 }
 
-// K rows [0, n) of one kv head (fp16, row stride kv_stride) -> fp32 transposed kt[d * ld + j];
-// columns [n, ld) are zeroed.
-void KTranspose(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t hd, int64_t n, int64_t ld,
-                float* kt, float* vf) {
+// Keys [0, n) of one kv head (tiled fp16, first column c0) -> fp32 transposed kt[d * ld + j];
+// columns [n, ld) are zeroed. Values (rows, stride kv_dim) -> fp32 rows vf[j * hd + d].
+void KTranspose(const uint16_t* k, int64_t c0, const uint16_t* v, int64_t kv_dim, int64_t hd, int64_t n,
+                int64_t ld, float* kt, float* vf) {
   const DF df;
+  const DT dt;
   const hn::Rebind<hwy::float16_t, DF> dh;
-  const int64_t L = int64_t(hn::Lanes(df));
-  HWY_ALIGN float row[1024];
+  const hn::Rebind<hwy::float16_t, DT> dht;
+  const int64_t L = int64_t(hn::Lanes(df)), Lt = int64_t(hn::Lanes(dt));
+  const int64_t ntiles = (n + kKTile - 1) / kKTile;  // ld >= ntiles * kKTile
+  for (int64_t tb = 0; tb < ntiles; ++tb) {
+    const uint16_t* kb = k + tb * kKTile * kv_dim + c0 * kKTile;
+    for (int64_t d = 0; d < hd; ++d)
+      for (int64_t i0 = 0; i0 < kKTile; i0 += Lt)
+        hn::StoreU(hn::PromoteTo(dt, hn::LoadU(dht, reinterpret_cast<const hwy::float16_t*>(kb + d * kKTile + i0))),
+                   dt, kt + d * ld + tb * kKTile + i0);
+  }
   for (int64_t j = 0; j < n; ++j) {
-    const uint16_t* kr = k + j * kv_stride;
+    const uint16_t* vr = v + j * kv_dim;
+    float* vo = vf + j * hd;
     int64_t d = 0;
     for (; d + L <= hd; d += L)
-      hn::Store(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(kr + d))), df, row + d);
-    for (; d < hd; ++d) row[d] = f16_to_f32(kr[d]);
-    for (d = 0; d < hd; ++d) kt[d * ld + j] = row[d];
-    const uint16_t* vr = v + j * kv_stride;
-    float* vo = vf + j * hd;
-    for (d = 0; d + L <= hd; d += L)
       hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(vr + d))), df, vo + d);
     for (; d < hd; ++d) vo[d] = f16_to_f32(vr[d]);
   }
@@ -506,15 +552,15 @@ void add_hwy(float* h, const float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(Add)(h,
 void bf16_rows_to_f32_hwy(const uint16_t* src, float* dst, int64_t n) {
   HWY_DYNAMIC_DISPATCH(Bf16ToF32)(src, dst, n);
 }
-void attn_chunk_hwy(const float* q, int64_t q_stride, int ng, const uint16_t* k, const uint16_t* v,
-                    int64_t kv_stride, int64_t hd, int64_t j0, int64_t j1, float scale, float* m, float* l,
+void attn_chunk_hwy(const float* q, int64_t q_stride, int ng, const uint16_t* k, int64_t c0, const uint16_t* v,
+                    int64_t kv_dim, int64_t hd, int64_t j0, int64_t j1, float scale, float* m, float* l,
                     float* o) {
-  HWY_DYNAMIC_DISPATCH(AttnChunk)(q, q_stride, ng, k, v, kv_stride, hd, j0, j1, scale, m, l, o);
+  HWY_DYNAMIC_DISPATCH(AttnChunk)(q, q_stride, ng, k, c0, v, kv_dim, hd, j0, j1, scale, m, l, o);
 }
 
-void k_transpose_hwy(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t hd, int64_t n, int64_t ld,
-                     float* kt, float* vf) {
-  HWY_DYNAMIC_DISPATCH(KTranspose)(k, v, kv_stride, hd, n, ld, kt, vf);
+void k_transpose_hwy(const uint16_t* k, int64_t c0, const uint16_t* v, int64_t kv_dim, int64_t hd, int64_t n,
+                     int64_t ld, float* kt, float* vf) {
+  HWY_DYNAMIC_DISPATCH(KTranspose)(k, c0, v, kv_dim, hd, n, ld, kt, vf);
 }
 void attn_rows_hwy(const float* const* q_rows, float* const* out_rows, const int64_t* limit, int R, const float* kt,
                    int64_t ld, const float* v, int64_t hd, float scale) {

@@ -7,7 +7,15 @@
 
 namespace tessera::cpu {
 
-// The KV cache's storage: per layer, keys and values as fp16 rows [capacity, kv_dim].
+// The KV cache's storage: per layer, fp16. Values are rows [capacity, kv_dim]. Keys are tiled
+// by kKTile positions: [capacity / kKTile][kv_dim][kKTile] (element (pos, c) at
+// (pos / kKTile) * kKTile * kv_dim + c * kKTile + pos % kKTile), so a head's keys for a tile
+// of positions load as vectors across positions (decode scores without horizontal sums).
+// capacity is a multiple of kKTile; positions beyond length are zero.
+inline constexpr int64_t kKTile = 16;
+inline int64_t k_tile_index(int64_t pos, int64_t c, int64_t kv_dim) {
+  return (pos / kKTile) * kKTile * kv_dim + c * kKTile + pos % kKTile;
+}
 struct KvCache::Storage {
   struct Layer {
     uint16_t* k = nullptr;
@@ -36,18 +44,21 @@ void rope_hwy(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t po
 void silu_mul_hwy(const float* gate, const float* up, float* out, int64_t n);
 void add_hwy(float* h, const float* x, int64_t n);
 void bf16_rows_to_f32_hwy(const uint16_t* src, float* dst, int64_t n);
-// Attention over fp16 K/V rows (row stride kv_stride elements) for `ng` query heads sharing a
-// kv head: query g at q + g * q_stride (head_dim values), keys/values [j0, j1). Writes, per
-// head, the running max m[g], the sum of exp l[g] and the unnormalized output o[g * hd..].
-void attn_chunk_hwy(const float* q, int64_t q_stride, int ng, const uint16_t* k, const uint16_t* v,
-                    int64_t kv_stride, int64_t hd, int64_t j0, int64_t j1, float scale, float* m, float* l,
+// Attention over the fp16 cache for `ng` query heads sharing a kv head: query g at
+// q + g * q_stride (head_dim values), keys/values [j0, j1). k: the tiled keys (see
+// KvCache::Storage) with the head's first column c0; v: the head's value rows (row stride
+// kv_dim). Writes, per head, the max m[g], the sum of exp l[g] and the unnormalized output
+// o[g * hd..].
+void attn_chunk_hwy(const float* q, int64_t q_stride, int ng, const uint16_t* k, int64_t c0, const uint16_t* v,
+                    int64_t kv_dim, int64_t hd, int64_t j0, int64_t j1, float scale, float* m, float* l,
                     float* o);
 
 // Prefill attention: K of one kv head -> fp32 transposed [hd][ld]; then R query rows sharing
 // that kv head, row r seeing keys [0, limit[r]). Requires hd % f32_lanes_hwy() == 0.
 // (V is converted to fp32 rows [n][hd] alongside.)
-void k_transpose_hwy(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t hd, int64_t n, int64_t ld,
-                     float* kt, float* vf);
+// k: the tiled keys with the head's first column c0; v: the head's value rows (stride kv_dim).
+void k_transpose_hwy(const uint16_t* k, int64_t c0, const uint16_t* v, int64_t kv_dim, int64_t hd, int64_t n,
+                     int64_t ld, float* kt, float* vf);
 void attn_rows_hwy(const float* const* q_rows, float* const* out_rows, const int64_t* limit, int R, const float* kt,
                    int64_t ld, const float* v, int64_t hd, float scale);
 int64_t f32_lanes_hwy();
