@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "targets/cpu/kernels_internal.h"
+#include "util/half.h"
 #include "util/error.h"
 
 namespace tessera::cpu {
@@ -162,23 +163,6 @@ void f32_to_f16(const float* src, uint16_t* dst, int64_t n) {
     for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_f16_scalar(src[i]);
 }
 
-float f16_to_f32(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000) << 16;
-  const uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF;
-  uint32_t u;
-  if (exp == 0) {
-    float f = float(man) * (1.0f / 16777216.0f);
-    std::memcpy(&u, &f, 4);
-    u |= sign;
-  } else if (exp == 31) {
-    u = sign | 0x7F800000u | (man << 13);
-  } else {
-    u = sign | ((exp + 112) << 23) | (man << 13);
-  }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 uint16_t* alloc_u16(int64_t n) {
   void* p = std::aligned_alloc(64, size_t((n * 2 + 63) / 64 * 64));
