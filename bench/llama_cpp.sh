@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tessera against llama.cpp on the host CPU, same weights (BF16), same threads, same run.
 #
-#   bench/llama_cpp.sh [MODEL] [--threads N] [--tessera BIN] [--reps N] [--gen N]
+#   bench/llama_cpp.sh [MODEL] [--threads N] [--tessera BIN] [--rounds N] [--reps N] [--gen N]
 #                      [--llama-only] [--tessera-on-bf16] [--json FILE]
 #
 # MODEL: a Hugging Face directory or GGUF file (default: the default model,
@@ -9,8 +9,9 @@
 # llama.cpp vendored in the source distribution of the PyPI package llama-cpp-python
 # (pinned below), once, under ${TESSERA_CACHE:-$HOME/.cache/tessera}/llama.cpp; the model is
 # written as a BF16 GGUF with `tessera convert` (cached by source path and mtime). Then both
-# sides run, one after the other, with the same thread count, and a table prints each
-# metric, both numbers and the ratio tessera / llama.cpp (> 1: tessera is faster).
+# sides run back to back with the same thread count, --rounds times (default 3), and a table
+# prints each metric: each side's median over the rounds and the median of the per-round
+# ratios tessera / llama.cpp (> 1: tessera is faster), with every round's ratio.
 # See bench/README.md.
 set -euo pipefail
 
@@ -22,6 +23,7 @@ MODEL=""
 THREADS=$(nproc)
 TESSERA=$ROOT/build/tessera
 REPS=3
+ROUNDS=3
 GEN=32
 LLAMA_ONLY=0
 TESSERA_ON_BF16=0
@@ -37,11 +39,12 @@ while [ $# -gt 0 ]; do
     --tessera) TESSERA=${2:?--tessera needs BIN}; shift 2 ;;
     --tessera=*) TESSERA=${1#*=}; shift ;;
     --reps|-r) REPS=${2:?--reps needs N}; shift 2 ;;
+    --rounds) ROUNDS=${2:?--rounds needs N}; shift 2 ;;
     --gen) GEN=${2:?--gen needs N}; shift 2 ;;
     --llama-only) LLAMA_ONLY=1; shift ;;
     --tessera-on-bf16) TESSERA_ON_BF16=1; shift ;;
     --json) JSON_OUT=${2:?--json needs FILE}; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option '$1' (see --help)" ;;
     *) [ -z "$MODEL" ] || die "more than one MODEL given ('$MODEL', '$1')"; MODEL=$1; shift ;;
   esac
@@ -51,6 +54,7 @@ done
 MODEL=$(realpath "$MODEL")
 [[ "$THREADS" =~ ^[1-9][0-9]*$ ]] || die "--threads must be a positive integer, got '$THREADS'"
 [[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "--reps must be a positive integer, got '$REPS'"
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "--rounds must be a positive integer, got '$ROUNDS'"
 [[ "$GEN" =~ ^[1-9][0-9]*$ ]] || die "--gen must be a positive integer, got '$GEN'"
 [ -x "$TESSERA" ] || die "$TESSERA: no tessera binary (build it: scripts/setup.sh, or pass --tessera BIN)"
 command -v python3 >/dev/null || die "python3 is needed to read the JSON results"
@@ -119,40 +123,44 @@ if awk -v l="$LOAD" -v n="$(nproc)" 'BEGIN { exit !(l > 0.5 * n) }'; then
   say "warning: load average $LOAD on $(nproc) cores: the machine is busy, the numbers will be noisy"
 fi
 
-# --- 3. llama.cpp: prefill at 128 and 512 tokens, decode after a 128- and 512-token context
+# --- 3./4. llama.cpp and tessera, alternating, ROUNDS times ----------------------------
+# The machine's memory bandwidth drifts by tens of percent within minutes (shared VM), so
+# one llama.cpp run then one tessera run compares two different machines. Each round runs
+# both sides back to back; the table reports each side's median over the rounds and the
+# median of the per-round ratios (a paired comparison).
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-say "llama-bench: prefill (-p 128,512), $THREADS threads, $REPS repetitions ..."
-"$LLAMA_BENCH" -m "$GGUF" -t "$THREADS" -p 128,512 -n 0 -r "$REPS" -o json \
-  >"$WORK/llama_prefill.json" 2>"$WORK/llama_prefill.err" \
-  || { cat "$WORK/llama_prefill.err" >&2; die "llama-bench (prefill) failed"; }
-say "llama-bench: decode $GEN tokens at depth 128 and 512 (-d 128,512) ..."
-"$LLAMA_BENCH" -m "$GGUF" -t "$THREADS" -p 0 -n "$GEN" -d 128,512 -r "$REPS" -o json \
-  >"$WORK/llama_decode.json" 2>"$WORK/llama_decode.err" \
-  || { cat "$WORK/llama_decode.err" >&2; die "llama-bench (decode) failed"; }
-
-# --- 4. tessera, same model, same threads -----------------------------------------------
 TESSERA_STATUS=ok
 if [ "$LLAMA_ONLY" = 1 ]; then
   TESSERA_STATUS="skipped (--llama-only)"
 elif ! grep -qE '^ +bench( |$)' <<<"$("$TESSERA" --help 2>/dev/null || true)"; then
   TESSERA_STATUS="$TESSERA has no 'bench' command yet"
-else
-  TESSERA_MODEL=$MODEL
-  [ "$TESSERA_ON_BF16" = 1 ] && TESSERA_MODEL=$GGUF
-  say "tessera bench $TESSERA_MODEL --target cpu --threads $THREADS ..."
-  if ! "$TESSERA" bench "$TESSERA_MODEL" --target cpu --threads "$THREADS" --json \
-       >"$WORK/tessera.json" 2>"$WORK/tessera.err"; then
+fi
+TESSERA_MODEL=$MODEL
+[ "$TESSERA_ON_BF16" = 1 ] && TESSERA_MODEL=$GGUF
+for ((round = 1; round <= ROUNDS; round++)); do
+  say "round $round/$ROUNDS: llama-bench prefill (-p 128,512), $THREADS threads, $REPS repetitions ..."
+  "$LLAMA_BENCH" -m "$GGUF" -t "$THREADS" -p 128,512 -n 0 -r "$REPS" -o json \
+    >"$WORK/llama_prefill.$round.json" 2>"$WORK/llama_prefill.err" \
+    || { cat "$WORK/llama_prefill.err" >&2; die "llama-bench (prefill) failed"; }
+  say "round $round/$ROUNDS: llama-bench decode $GEN tokens at depth 128 and 512 (-d 128,512) ..."
+  "$LLAMA_BENCH" -m "$GGUF" -t "$THREADS" -p 0 -n "$GEN" -d 128,512 -r "$REPS" -o json \
+    >"$WORK/llama_decode.$round.json" 2>"$WORK/llama_decode.err" \
+    || { cat "$WORK/llama_decode.err" >&2; die "llama-bench (decode) failed"; }
+  [ "$TESSERA_STATUS" = ok ] || continue
+  say "round $round/$ROUNDS: tessera bench $TESSERA_MODEL --target cpu --threads $THREADS ..."
+  if ! "$TESSERA" bench "$TESSERA_MODEL" --target cpu --threads "$THREADS" --repeats "$REPS" \
+       --decode-tokens "$GEN" --json >"$WORK/tessera.$round.json" 2>"$WORK/tessera.err"; then
     cat "$WORK/tessera.err" >&2
     TESSERA_STATUS="tessera bench failed (exit status above)"
+    rm -f "$WORK"/tessera.*.json
   fi
-fi
-[ "$TESSERA_STATUS" = ok ] || rm -f "$WORK/tessera.json"
+done
 
 # --- 5. the table -----------------------------------------------------------------------
-python3 - "$WORK" "$MODEL" "$GGUF" "$THREADS" "$LLAMA_CPP_PYTHON_VERSION" "$TESSERA_STATUS" "$JSON_OUT" <<'PY'
+python3 - "$WORK" "$MODEL" "$GGUF" "$THREADS" "$LLAMA_CPP_PYTHON_VERSION" "$TESSERA_STATUS" "$JSON_OUT" "$ROUNDS" <<'PY'
 import json, os, sys
-work, model, gguf, threads, version, status, json_out = sys.argv[1:8]
+work, model, gguf, threads, version, status, json_out, rounds = sys.argv[1:9]
 
 def load(name):
     p = os.path.join(work, name)
@@ -165,57 +173,70 @@ def load(name):
     except json.JSONDecodeError as e:
         sys.exit(f"llama_cpp.sh: error: {name} is not JSON ({e}): {text[:200]!r}")
 
-llama = {}
-for entry in (load("llama_prefill.json") or []) + (load("llama_decode.json") or []):
-    if entry.get("n_gen", 0) == 0:
-        llama[f"prefill {entry['n_prompt']}"] = (entry["avg_ts"], entry.get("stddev_ts", 0.0))
-    else:
-        llama[f"decode @{entry.get('n_depth', 0)}"] = (entry["avg_ts"], entry.get("stddev_ts", 0.0))
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
-t = load("tessera.json")
-tess = {}
-if t:
-    for p in t.get("prefill", []):
-        tess[f"prefill {p['prompt_len']}"] = p["tokens_per_s"]
-    for d in t.get("decode", []):
-        tess[f"decode @{d['context']}"] = d["tokens_per_s"]
+# Per round: {metric: tokens/s} for each side.
+llama_rounds, tess_rounds, tess_json = [], [], []
+for r in range(1, int(rounds) + 1):
+    lr = {}
+    for entry in (load(f"llama_prefill.{r}.json") or []) + (load(f"llama_decode.{r}.json") or []):
+        if entry.get("n_gen", 0) == 0:
+            lr[f"prefill {entry['n_prompt']}"] = entry["avg_ts"]
+        else:
+            lr[f"decode @{entry.get('n_depth', 0)}"] = entry["avg_ts"]
+    llama_rounds.append(lr)
+    t = load(f"tessera.{r}.json")
+    tr = {}
+    if t:
+        tess_json.append(t)
+        for p in t.get("prefill", []):
+            tr[f"prefill {p['prompt_len']}"] = p["tokens_per_s"]
+        for d in t.get("decode", []):
+            tr[f"decode @{d['context']}"] = d["tokens_per_s"]
+    tess_rounds.append(tr)
 
 rows = ["prefill 128", "prefill 512", "decode @128", "decode @512"]
 print(f"model      {model}")
 print(f"llama.cpp  llama-bench from llama-cpp-python {version}, weights {os.path.basename(gguf)}")
-print(f"threads    {threads}")
+print(f"threads    {threads}; {rounds} rounds, each llama.cpp then tessera back to back")
 print()
-print(f"{'metric (tokens/s)':<20} | {'tessera':>10} | {'llama.cpp':>18} | {'ratio':>6}")
-print(f"{'-' * 20}-+-{'-' * 10}-+-{'-' * 18}-+-{'-' * 6}")
-summary = {"model": model, "threads": int(threads), "llama_cpp_python": version, "rows": []}
-for r in rows:
-    lv = llama.get(r)
-    tv = tess.get(r)
-    ls = f"{lv[0]:10.1f} ± {lv[1]:5.1f}" if lv else f"{'n/a':>18}"
-    ts = f"{tv:10.1f}" if tv is not None else f"{'n/a':>10}"
-    ratio = f"{tv / lv[0]:6.2f}" if (lv and tv is not None and lv[0] > 0) else f"{'n/a':>6}"
-    print(f"{r:<20} | {ts} | {ls} | {ratio}")
-    summary["rows"].append({"metric": r, "tessera": tv, "llama_cpp": lv[0] if lv else None,
-                            "llama_cpp_stddev": lv[1] if lv else None,
-                            "ratio": (tv / lv[0]) if (lv and tv is not None and lv[0] > 0) else None})
+print(f"{'metric (tokens/s)':<20} | {'tessera':>10} | {'llama.cpp':>10} | {'ratio':>6} | {'per-round ratios':<24}")
+print(f"{'-' * 20}-+-{'-' * 10}-+-{'-' * 10}-+-{'-' * 6}-+-{'-' * 24}")
+summary = {"model": model, "threads": int(threads), "rounds": int(rounds), "llama_cpp_python": version, "rows": []}
+for m in rows:
+    lv = [lr[m] for lr in llama_rounds if m in lr]
+    tv = [tr[m] for tr in tess_rounds if m in tr]
+    ratios = [tr[m] / lr[m] for lr, tr in zip(llama_rounds, tess_rounds) if m in lr and m in tr and lr[m] > 0]
+    ls = f"{median(lv):10.1f}" if lv else f"{'n/a':>10}"
+    ts = f"{median(tv):10.1f}" if tv else f"{'n/a':>10}"
+    rs = f"{median(ratios):6.2f}" if ratios else f"{'n/a':>6}"
+    print(f"{m:<20} | {ts} | {ls} | {rs} | {' '.join(f'{x:.2f}' for x in ratios)}")
+    summary["rows"].append({"metric": m, "tessera": median(tv) if tv else None, "llama_cpp": median(lv) if lv else None,
+                            "ratio": median(ratios) if ratios else None, "round_ratios": ratios,
+                            "tessera_rounds": tv, "llama_cpp_rounds": lv})
 print()
-if t:
-    bw = t.get("read_bandwidth_gbs")
-    bpt = t.get("bytes_per_token", {})
-    roof = t.get("roofline_fraction", {})
-    if bw:
-        print(f"read bandwidth {bw:.1f} GB/s (tessera's measurement, {threads} threads)")
-    for ctx in sorted(set(roof) | set(bpt), key=lambda k: (len(str(k)), str(k))):
-        parts = []
-        if ctx in roof:
-            parts.append(f"tessera {float(roof[ctx]):.2f}")
-        lv = llama.get(f"decode @{ctx}")
-        if bw and ctx in bpt and lv:
-            # llama.cpp reads the same bytes per token (same BF16 weights, same KV cache size).
-            parts.append(f"llama.cpp {lv[0] * float(bpt[ctx]) / (bw * 1e9):.2f}")
-        if parts:
-            print(f"decode @{ctx} roofline fraction (tokens/s x bytes/token / bandwidth): " + ", ".join(parts))
-    summary["tessera"] = t
+if tess_json:
+    # Per round, tessera's roofline fraction (its decode paired with bandwidth measured right
+    # after) and llama.cpp's decode against the same round's bandwidth and bytes per token.
+    for ctx in [k.split("@")[1] for k in rows if k.startswith("decode")]:
+        tf, lf, bws = [], [], []
+        for lr, t in zip(llama_rounds, tess_json):
+            bw, bpt = t.get("read_bandwidth_gbs"), t.get("bytes_per_token", {}).get(ctx)
+            if ctx in t.get("roofline_fraction", {}):
+                tf.append(float(t["roofline_fraction"][ctx]))
+            if bw and bpt and f"decode @{ctx}" in lr:
+                # llama.cpp reads the same bytes per token (same BF16 weights, same KV cache size).
+                lf.append(lr[f"decode @{ctx}"] * float(bpt) / (bw * 1e9))
+            if bw:
+                bws.append(bw)
+        if tf:
+            print(f"decode @{ctx} roofline fraction (tokens/s x bytes/token / read bandwidth), median over rounds: "
+                  f"tessera {median(tf):.2f}" + (f", llama.cpp {median(lf):.2f}" if lf else "") +
+                  f"  (bandwidth {min(bws):.1f}-{max(bws):.1f} GB/s across rounds)")
+    summary["tessera"] = tess_json
 else:
     print(f"tessera: {status}")
 if json_out:

@@ -16,6 +16,7 @@
 #include "pipeline/deploy.h"
 #include "pipeline/executor.h"
 #include "synth/synth.h"
+#include "targets/registry.h"
 #include "util/error.h"
 #include "test_support.h"
 
@@ -24,6 +25,7 @@ namespace {
 
 using testing_support::run_tessera;
 using testing_support::slurp;
+using testing_support::deploy_options;
 using testing_support::ScratchDir;
 namespace fs = std::filesystem;
 
@@ -43,22 +45,13 @@ const std::string& tiny_model(const std::string& preset) {
   return made[preset] = o.out_dir;
 }
 
-DeployOptions options(const std::string& model, const std::string& out, FaultSet faults = {}) {
-  DeployOptions o;
-  o.model_path = model;
-  o.out_dir = out;
-  o.faults = std::move(faults);
-  o.quiet = true;
-  return o;
-}
-
 bool have_default_model() { return fs::exists(testing_support::default_gguf()); }
 
 class DeployTiny : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DeployTiny, EveryGatePasses) {
   ScratchDir out("deploy");
-  const DeployResult r = deploy(options(tiny_model(GetParam()), out.str("dep")));
+  const DeployResult r = deploy(deploy_options(tiny_model(GetParam()), out.str("dep")));
   EXPECT_TRUE(r.pass) << "phase " << r.failed_phase << ": " << r.diagnosis;
   const Deployment dep = Deployment::open_existing(out.str("dep"));
   for (int id : {0, 1, 2, 3, 6}) EXPECT_EQ(dep.phase_status(id), "passed") << "phase " << id;
@@ -120,24 +113,26 @@ TEST_P(DeployFault, CaughtByItsPhaseAndNamedByBisect) {
   const FaultInfo& info = fault_info(c.fault);
   ScratchDir out("fault");
   const std::string model_path = tiny_model(c.preset);
-  const DeployResult r = deploy(options(model_path, out.str("dep"), {c.fault}));
+  const DeployResult r = deploy(deploy_options(model_path, out.str("dep"), {c.fault}));
   EXPECT_FALSE(r.pass);
   EXPECT_EQ(r.failed_phase, info.first_phase) << c.fault << ": " << r.diagnosis;
   const Deployment dep = Deployment::open_existing(out.str("dep"));
   for (int id = 0; id < info.first_phase; ++id)
-    if (phase_def(id).implemented) EXPECT_EQ(dep.phase_status(id), "passed") << "phase " << id;
+    if (phase_def(id).implemented) {
+      EXPECT_EQ(dep.phase_status(id), "passed") << "phase " << id;
+    }
   EXPECT_TRUE(fs::exists(out.path() / "dep" / "issues.md"));
 
   // Phase 2's bisect on this fault (run directly: a phase-1 catch stops the pipeline first).
   Model model = Model::open(model_path);
-  DeployOptions o = options(model_path, out.str("dep"), {c.fault});
+  DeployOptions o = deploy_options(model_path, out.str("dep"), {c.fault});
   Deployment d2 = Deployment::open_existing(out.str("dep"));
   PhaseContext ctx(d2, model, o);
   const BisectResult b = bisect_block(ctx);
   EXPECT_TRUE(b.stage == info.kernel || b.kernel == info.kernel)
       << c.fault << ": bisect named " << b.stage << " (" << b.kernel << "), expected " << info.kernel << "\n" << b.text();
   // Without the fault the same block passes: the experiment itself is sound.
-  DeployOptions clean = options(model_path, out.str("dep"));
+  DeployOptions clean = deploy_options(model_path, out.str("dep"));
   PhaseContext ctx_clean(d2, model, clean);
   EXPECT_TRUE(run_phase2_block(ctx_clean).pass);
 }
@@ -165,6 +160,71 @@ TEST(Deploy, UnknownFaultIsRefused) {
   auto r = run_tessera("deploy --inject rope-sideways --out /tmp/never");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("unknown fault 'rope-sideways'"), std::string::npos) << r.err;
+}
+
+// ---- the target registry: the pipeline makes runners only through it
+
+TEST(Targets, RegistryMakesCpuAndRefusesWhatNoTargetHas) {
+  const std::vector<std::string> names = target_names();
+  ASSERT_FALSE(names.empty());
+  EXPECT_EQ(names.front(), "cpu");  // the default
+  // The cpu target's faults are today's known_faults(), in order.
+  ASSERT_EQ(target_faults("cpu").size(), known_faults().size());
+  for (size_t i = 0; i < known_faults().size(); ++i) EXPECT_EQ(target_faults("cpu")[i].name, known_faults()[i].name);
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(message([] { target_def("tpu"); }).find("unknown target 'tpu' (targets: cpu"), std::string::npos);
+  EXPECT_NE(message([] { target_fault_info("cpu", "rope-sideways"); }).find("stale-kv"), std::string::npos);
+  TargetOptions bad_device;
+  bad_device.device = "xdna2";
+  EXPECT_THROW(check_target_options("cpu", bad_device), Error);
+  TargetOptions bad_plan;
+  bad_plan.plan_name = "paper";
+  EXPECT_THROW(check_target_options("cpu", bad_plan), Error);
+
+  // A runner from the registry is the generic StagedRunner the phases drive.
+  const Model model = Model::open(tiny_model("SmolLM2-360M"));
+  TargetOptions o;
+  o.threads = 2;
+  o.faults = {"stale-kv"};
+  const std::unique_ptr<StagedRunner> r = make_target_runner("cpu", model, o);
+  EXPECT_EQ(r->target(), "cpu");
+  EXPECT_EQ(r->description().rfind("cpu (", 0), 0u) << r->description();
+  EXPECT_NE(r->description().find("2 threads"), std::string::npos) << r->description();
+  const nlohmann::json plan = r->build_plan(model);
+  EXPECT_EQ(plan["name"], "cpu-naive");
+  EXPECT_EQ(plan["dispatches"].size(), size_t(3 + model.spec().n_layers * int64_t(layer_stages().size())));
+  EXPECT_GT(r->weight_bytes_per_token(), 0);
+  EXPECT_GT(r->kv_bytes_per_position(), 0);
+  o.faults = {"no-such-fault"};
+  EXPECT_THROW(make_target_runner("cpu", model, o), Error);
+}
+
+// Deploy options name a plan and a device only when asked: the identity (state.json) of a
+// default deployment is what it always was, and a deployment refuses another device.
+TEST(Targets, DeploymentIdentityCarriesPlanAndDeviceOnlyWhenChosen) {
+  const Model model = Model::open(tiny_model("SmolLM2-360M"));
+  DeployOptions o = deploy_options(model.path(), "unused");
+  nlohmann::json id = deployment_identity(model, o);
+  EXPECT_FALSE(id.contains("plan"));
+  EXPECT_FALSE(id.contains("device"));
+  o.device = "xdna2";
+  o.plan_name = "paper";
+  id = deployment_identity(model, o);
+  EXPECT_EQ(id["device"], "xdna2");
+  EXPECT_EQ(id["plan"], "paper");
+  // The cpu has neither: refused before the deployment directory is made.
+  ScratchDir out("deploy_device");
+  DeployOptions on_device = deploy_options(model.path(), out.str("dep"));
+  on_device.device = "xdna2";
+  EXPECT_THROW(deploy(on_device), Error);
+  EXPECT_FALSE(fs::exists(out.path() / "dep"));
 }
 
 // ---- resume
@@ -206,9 +266,9 @@ TEST(Deploy, KilledInPhase3ResumesWithoutLosingWork) {
 TEST(Deploy, FromPhaseRerunsThatPhaseAndLater) {
   ScratchDir out("from");
   const std::string model = tiny_model("SmolLM2-360M");
-  ASSERT_TRUE(deploy(options(model, out.str("dep"))).pass);
+  ASSERT_TRUE(deploy(deploy_options(model, out.str("dep"))).pass);
   const std::string before = Deployment::open_existing(out.str("dep")).phase_record(1).value("finished", "");
-  DeployOptions o = options(model, out.str("dep"));
+  DeployOptions o = deploy_options(model, out.str("dep"));
   o.from_phase = 3;
   ASSERT_TRUE(deploy(o).pass);
   const Deployment dep = Deployment::open_existing(out.str("dep"));
@@ -221,7 +281,7 @@ TEST(Deploy, FromPhaseRerunsThatPhaseAndLater) {
 TEST(Deploy, RunRefusesAnEditedPlan) {
   ScratchDir out("edited");
   const std::string model = tiny_model("SmolLM2-360M");
-  ASSERT_TRUE(deploy(options(model, out.str("dep"))).pass);
+  ASSERT_TRUE(deploy(deploy_options(model, out.str("dep"))).pass);
   EXPECT_EQ(run_tessera("run " + out.str("dep") + " --prompt hi -n 2").exit_code, 0);
   nlohmann::json plan = read_json_file(out.path() / "dep" / "plan.json");
   plan["cpu"]["threads"] = 64;
@@ -233,14 +293,14 @@ TEST(Deploy, RunRefusesAnEditedPlan) {
 
 TEST(Deploy, RefusesADirectoryOfAnotherDeployment) {
   ScratchDir out("other");
-  ASSERT_TRUE(deploy(options(tiny_model("SmolLM2-360M"), out.str("dep"))).pass);
-  EXPECT_THROW(deploy(options(tiny_model("Qwen3-0.6B"), out.str("dep"))), Error);
-  EXPECT_THROW(deploy(options(tiny_model("SmolLM2-360M"), out.str("dep"), {"stale-kv"})), Error);
+  ASSERT_TRUE(deploy(deploy_options(tiny_model("SmolLM2-360M"), out.str("dep"))).pass);
+  EXPECT_THROW(deploy(deploy_options(tiny_model("Qwen3-0.6B"), out.str("dep"))), Error);
+  EXPECT_THROW(deploy(deploy_options(tiny_model("SmolLM2-360M"), out.str("dep"), {"stale-kv"})), Error);
 }
 
 TEST(Deploy, RunRefusesAnUnfinishedDeployment) {
   ScratchDir out("unfinished");
-  deploy(options(tiny_model("SmolLM2-360M"), out.str("dep"), {"stale-kv"}));  // stops at phase 2
+  deploy(deploy_options(tiny_model("SmolLM2-360M"), out.str("dep"), {"stale-kv"}));  // stops at phase 2
   auto r = run_tessera("run " + out.str("dep") + " --prompt hi -n 2");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("has not passed phase 6"), std::string::npos) << r.err;

@@ -15,6 +15,7 @@
 namespace tessera {
 namespace {
 
+using testing_support::deploy_options;
 using testing_support::ScratchDir;
 namespace fs = std::filesystem;
 
@@ -25,15 +26,6 @@ std::string synth_tiny(const ScratchDir& dir, const std::string& preset) {
   o.out_dir = dir.str("model");
   synth(o);
   return o.out_dir;
-}
-
-DeployOptions quiet(const std::string& model, const std::string& out, FaultSet faults = {}) {
-  DeployOptions o;
-  o.model_path = model;
-  o.out_dir = out;
-  o.faults = std::move(faults);
-  o.quiet = true;
-  return o;
 }
 
 // Overwrites the first value of `tensor` in a single-file safetensors checkpoint.
@@ -53,7 +45,7 @@ TEST(PhaseGates, Phase0FailsOnANanWeight) {
   ScratchDir dir("p0nan");
   const std::string model = synth_tiny(dir, "SmolLM2-360M");
   poke_bf16(model + "/model.safetensors", "model.layers.1.mlp.down_proj.weight", 0x7FC0);  // bf16 NaN
-  const DeployResult r = deploy(quiet(model, dir.str("dep")));
+  const DeployResult r = deploy(deploy_options(model, dir.str("dep")));
   EXPECT_FALSE(r.pass);
   EXPECT_EQ(r.failed_phase, 0);
   const auto p0 = read_json_file(dir.path() / "dep" / "phase0.json");
@@ -74,7 +66,7 @@ TEST(PhaseGates, Phase0FailsAgainstAWrongReference) {
   std::reverse(hidden.data.begin(), hidden.data.end());
   write_npy((ref / "hidden.npy").string(), hidden.data.data(), hidden.shape);
 
-  DeployOptions o = quiet(model, dir.str("dep"));
+  DeployOptions o = deploy_options(model, dir.str("dep"));
   o.reference_dir = (dir.path() / "ref").string();
   const DeployResult r = deploy(o);
   EXPECT_FALSE(r.pass);
@@ -108,7 +100,7 @@ TEST_P(PhaseGateFails, OnAWrongTarget) {
   ScratchDir dir("pfail");
   const std::string model = synth_tiny(dir, c.preset);
   Model m = Model::open(model);
-  const DeployOptions o = quiet(model, dir.str("dep"), {c.fault});
+  const DeployOptions o = deploy_options(model, dir.str("dep"), {c.fault});
   Deployment dep = Deployment::open_for_deploy(o.out_dir, deployment_identity(m, o));
   PhaseContext ctx(dep, m, o);
   const PhaseOutcome r = c.phase == 2 ? run_phase2_block(ctx) : c.phase == 3 ? run_phase3_model(ctx) : run_phase6_integrate(ctx);
@@ -116,7 +108,7 @@ TEST_P(PhaseGateFails, OnAWrongTarget) {
   EXPECT_FALSE(r.diagnosis.empty());
 
   // The same phase on the clean target passes.
-  const DeployOptions clean = quiet(model, dir.str("dep_clean"));
+  const DeployOptions clean = deploy_options(model, dir.str("dep_clean"));
   Deployment dep2 = Deployment::open_for_deploy(clean.out_dir, deployment_identity(m, clean));
   PhaseContext ctx2(dep2, m, clean);
   const PhaseOutcome ok = c.phase == 2 ? run_phase2_block(ctx2) : c.phase == 3 ? run_phase3_model(ctx2) : run_phase6_integrate(ctx2);

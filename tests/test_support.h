@@ -1,4 +1,5 @@
-// Shared helpers for the test suite: scratch directories and running the tessera binary.
+// Shared helpers for the test suite: scratch directories, running the tessera binary, and
+// quiet deploy options.
 #pragma once
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -10,6 +11,8 @@
 #include <sstream>
 #include <string>
 #include <unistd.h>
+
+#include "pipeline/phases.h"
 
 namespace tessera::testing_support {
 
@@ -69,6 +72,16 @@ inline CliResult run_tessera(const std::string& args) {
   fs::remove(base.string() + ".out");
   fs::remove(base.string() + ".err");
   return r;
+}
+
+// Deploy options for MODEL into OUT on the default target (cpu), quiet, with `faults` injected.
+inline DeployOptions deploy_options(const std::string& model, const std::string& out, FaultSet faults = {}) {
+  DeployOptions o;
+  o.model_path = model;
+  o.out_dir = out;
+  o.faults = std::move(faults);
+  o.quiet = true;
+  return o;
 }
 
 inline std::string shared_dir() { return TESSERA_SHARED_DIR; }

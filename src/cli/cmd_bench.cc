@@ -14,6 +14,7 @@
 #include "runtime/bandwidth.h"
 #include "targets/cpu/cpu_runner.h"
 #include "targets/cpu/kernels.h"
+#include "targets/registry.h"
 #include "util/error.h"
 #include "util/parallel.h"
 
@@ -32,6 +33,9 @@ struct BenchArgs {
   bool no_bandwidth = false;
   bool profile = false;
 };
+
+// 512 MiB: far beyond any cache, and short enough (~20 ms a pass) to take after every repeat.
+constexpr int64_t kPairedBandwidthBytes = int64_t(512) << 20;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -97,8 +101,16 @@ void run_bench(const BenchArgs& a) {
     cpu_runner->clear_profile();
   };
   if (cpu_runner) cpu_runner->clear_profile();
+  // The machine's read bandwidth drifts by tens of percent within minutes on a shared VM, so
+  // each decode repeat is paired with a bandwidth measurement taken right after it, and the
+  // roofline fraction is the median of the per-repeat fractions (same run, same minute).
+  const auto* cpu = dynamic_cast<const CpuRunner*>(&runner);
+  const bool with_bandwidth = cpu && !a.no_bandwidth;
+  std::vector<double> all_bw;
   for (int C : lens) {
-    std::vector<double> tps;
+    std::vector<double> tps, bws, fractions;
+    // Decode reads every weight once, plus the keys and values of the C positions before it.
+    const int64_t bytes = cpu ? cpu->weight_bytes_per_token() + int64_t(C) * cpu->kv_bytes_per_position() : 0;
     for (int r = 0; r < a.repeats; ++r) {
       runner.reset();
       runner.forward(std::span(ids).first(size_t(C)), false);
@@ -106,27 +118,33 @@ void run_bench(const BenchArgs& a) {
       if (cpu_runner) cpu_runner->clear_profile();
       for (int i = 0; i < a.decode_tokens; ++i) runner.forward(std::span(ids).subspan(size_t(C + i), 1), false);
       tps.push_back(a.decode_tokens / seconds_since(t0));
+      if (with_bandwidth) {
+        bws.push_back(measure_read_bandwidth_gbs(threads, kPairedBandwidthBytes, 2));
+        fractions.push_back(tps.back() * double(bytes) / (bws.back() * 1e9));
+      }
     }
     report_profile(fmt::format("decode@{}", C), a.decode_tokens);
-    out["decode"].push_back({{"context", C}, {"tokens_per_s", median(tps)}, {"samples", tps}});
+    nlohmann::json d = {{"context", C}, {"tokens_per_s", median(tps)}, {"samples", tps}};
     say(fmt::format("  decode at context {:>4}: {:8.1f} tok/s", C, median(tps)));
-  }
-
-  if (const auto* cpu = dynamic_cast<const CpuRunner*>(&runner); cpu && !a.no_bandwidth) {
-    const double bw = measure_read_bandwidth_gbs(threads);
-    out["read_bandwidth_gbs"] = bw;
-    say(fmt::format("  read bandwidth ({} threads): {:.1f} GB/s", threads, bw));
-    for (const auto& d : out["decode"]) {
-      const int C = d["context"].get<int>();
-      // Decode reads every weight once, plus the keys and values of the C positions before it.
-      const int64_t bytes = cpu->weight_bytes_per_token() + int64_t(C) * cpu->kv_bytes_per_position();
-      const double roof = bw * 1e9 / double(bytes);
-      out["bytes_per_token"][std::to_string(C)] = bytes;
-      out["roofline_tokens_per_s"][std::to_string(C)] = roof;
-      out["roofline_fraction"][std::to_string(C)] = d["tokens_per_s"].get<double>() / roof;
-      say(fmt::format("  decode at {:>4}: {:.1f} MB read per token, roof {:.1f} tok/s, reached {:.0f}%", C, bytes / 1e6, roof,
-                      100 * d["tokens_per_s"].get<double>() / roof));
+    if (with_bandwidth) {
+      const std::string key = std::to_string(C);
+      d["bandwidth_samples_gbs"] = bws;
+      d["roofline_fraction_samples"] = fractions;
+      out["bytes_per_token"][key] = bytes;
+      out["roofline_tokens_per_s"][key] = median(bws) * 1e9 / double(bytes);
+      out["roofline_fraction"][key] = median(fractions);
+      all_bw.insert(all_bw.end(), bws.begin(), bws.end());
+      say(fmt::format("    {:.1f} MB read per token; read bandwidth right after each repeat {:.1f} GB/s (median of {}); "
+                      "roof {:.1f} tok/s; reached {:.0f}% (median of the per-repeat fractions)",
+                      bytes / 1e6, median(bws), bws.size(), median(bws) * 1e9 / double(bytes), 100 * median(fractions)));
     }
+    out["decode"].push_back(d);
+  }
+  if (with_bandwidth) {
+    out["read_bandwidth_gbs"] = median(all_bw);
+    say(fmt::format("  read bandwidth ({} threads): {:.1f} GB/s (median of {} measurements, range {:.1f}-{:.1f})", threads,
+                    median(all_bw), all_bw.size(), *std::min_element(all_bw.begin(), all_bw.end()),
+                    *std::max_element(all_bw.begin(), all_bw.end())));
   }
   if (a.json) fmt::print("{}\n", out.dump(2));
 }
@@ -138,7 +156,7 @@ void add_bench_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "bench", "Measure prefill and decode tokens/s (at 128 and 512 tokens by default) and the machine's read bandwidth");
   cmd->add_option("model", a->model, "A deployment directory, or a Hugging Face directory or .gguf file (default: SmolLM2-135M-Instruct)");
-  cmd->add_option("--target", a->target, "For a model: cpu (default) or oracle");
+  cmd->add_option("--target", a->target, "For a model: " + target_choices() + " or oracle");
   cmd->add_option("--prompt-len", a->prompt_lens, "Prompt length(s) for prefill, also the decode contexts (default: 128 and 512)");
   cmd->add_option("--decode-tokens", a->decode_tokens, "Tokens timed per decode measurement")->capture_default_str();
   cmd->add_option("--repeats", a->repeats, "Repeats per figure (the median is reported)")->capture_default_str();

@@ -1,12 +1,15 @@
-// `tessera deploy MODEL --target cpu --out DIR`: the gated pipeline (phases 0-3 and 6 in
-// this version), resumable, with `--inject` to make the target wrong on purpose.
+// `tessera deploy MODEL --target TARGET --out DIR`: the gated pipeline (phases 0-3 and 6 in
+// this version) on any registered target, resumable, with `--inject` to make the target
+// wrong on purpose.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <filesystem>
 
 #include "cli/commands.h"
 #include "model/default_model.h"
 #include "pipeline/deploy.h"
+#include "targets/registry.h"
 #include "util/error.h"
 
 namespace tessera::cli {
@@ -24,6 +27,18 @@ struct DeployArgs {
   bool quiet = false;
 };
 
+// --inject's help: each target's faults ("cpu: a, b; npusim: c" once there are several).
+std::string inject_help() {
+  std::string text;
+  const std::vector<TargetDef>& defs = target_defs();
+  for (const TargetDef& d : defs) {
+    std::vector<std::string> names;
+    for (const FaultInfo& f : d.faults()) names.push_back(f.name);
+    text += (text.empty() ? "" : "; ") + (defs.size() > 1 ? d.name + ": " : std::string()) + fmt::format("{}", fmt::join(names, ", "));
+  }
+  return "Make the target wrong on purpose (repeatable): " + text;
+}
+
 std::string default_out_dir(const std::string& model_path, const std::string& target) {
   std::string stem = std::filesystem::path(model_path).filename().string();
   if (stem.empty()) stem = std::filesystem::path(model_path).parent_path().filename().string();
@@ -37,7 +52,7 @@ int run_deploy(const DeployArgs& a) {
   o.target = a.target;
   o.out_dir = a.out.empty() ? default_out_dir(o.model_path, a.target) : a.out;
   o.from_phase = a.from_phase;
-  for (const std::string& f : a.inject) o.faults.insert(fault_info(f).name);
+  for (const std::string& f : a.inject) o.faults.insert(target_fault_info(a.target, f).name);
   o.threads = a.threads;
   o.reference_dir = a.reference;
   o.quiet = a.quiet;
@@ -77,12 +92,10 @@ void add_deploy_command(CLI::App& app) {
       "phases 4, 5 and 7 are not in this version). Resumes at the first phase not passed.\n"
       "Exit status: 0 every gate passed, 3 a gate failed (diagnosis in DIR/issues.md), 1 bad input.");
   cmd->add_option("model", a->model, "Hugging Face directory or .gguf file (default: SmolLM2-135M-Instruct)");
-  cmd->add_option("--target", a->target, "Target: cpu")->capture_default_str();
+  cmd->add_option("--target", a->target, fmt::format("Target: {}", fmt::join(target_names(), ", ")))->capture_default_str();
   cmd->add_option("--out", a->out, "Deployment directory (default: deployments/<model>-<target>)");
   cmd->add_option("--from-phase", a->from_phase, "Re-run from phase N (its results and later ones are discarded)");
-  cmd->add_option("--inject", a->inject,
-                  "Make the target wrong on purpose (repeatable): rope-interleaved, rope-scaling-prefill-only, "
-                  "drop-qkv-bias, qk-norm-after-rope, gqa-modulo, attn-scale-hidden, stale-kv, bf16-accumulate");
+  cmd->add_option("--inject", a->inject, inject_help());
   cmd->add_option("--threads", a->threads, "Worker threads (default: all cores)");
   cmd->add_option("--reference", a->reference, "Directory of golden transformers fixtures for phase 0 (default: the source tree's)");
   cmd->add_flag("--quiet", a->quiet, "No progress lines on stderr");

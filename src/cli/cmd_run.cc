@@ -1,5 +1,6 @@
 // `tessera run` and `tessera chat`: generate text with a model, streaming tokens as they come.
-// The executor is a deployment's frozen plan, or a model on the cpu target (or the oracle).
+// The executor is a deployment's frozen plan, or a model on a registered target (cpu by
+// default, or the oracle).
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include "pipeline/executor.h"
 #include "runtime/chat_session.h"
 #include "runtime/generate.h"
+#include "targets/registry.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
@@ -153,7 +155,8 @@ void add_generation_options(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("model", a.model,
                   "A deployment directory (runs its frozen plan), or a Hugging Face directory or .gguf file "
                   "(default: SmolLM2-135M-Instruct)");
-  cmd->add_option("--target", a.target, "For a model: cpu (default) or oracle (the FP32 reference); a deployment runs on its own target");
+  cmd->add_option("--target", a.target,
+                  "For a model: " + target_choices() + " or oracle (the FP32 reference); a deployment runs on its own target");
   cmd->add_option("--system", a.system, "System message (implies the chat template)");
   cmd->add_option("--thinking", a.thinking, "Qwen3 thinking switch: on or off (default: the template's)");
   cmd->add_option("-n,--max-tokens", a.n, "Most tokens to generate")->capture_default_str();

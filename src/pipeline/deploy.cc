@@ -1,11 +1,14 @@
 #include "pipeline/deploy.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
 #include "pipeline/plan.h"
+#include "targets/registry.h"
 #include "util/error.h"
 
 namespace tessera {
@@ -31,10 +34,14 @@ nlohmann::json model_fingerprint(const std::string& model_path) {
 }
 
 nlohmann::json deployment_identity(const Model& model, const DeployOptions& opts) {
-  return {{"model_path", fs::absolute(model.path()).lexically_normal().string()},
-          {"model_fingerprint", model_fingerprint(model.path())},
-          {"target", opts.target},
-          {"faults", std::vector<std::string>(opts.faults.begin(), opts.faults.end())}};
+  nlohmann::json id = {{"model_path", fs::absolute(model.path()).lexically_normal().string()},
+                       {"model_fingerprint", model_fingerprint(model.path())},
+                       {"target", opts.target},
+                       {"faults", std::vector<std::string>(opts.faults.begin(), opts.faults.end())}};
+  // A chosen plan or device is part of what was gated (absent: the target's defaults).
+  if (!opts.plan_name.empty()) id["plan"] = opts.plan_name;
+  if (!opts.device.empty()) id["device"] = opts.device;
+  return id;
 }
 
 std::string gate_summary_markdown(const Deployment& dep) {
@@ -52,12 +59,13 @@ std::string gate_summary_markdown(const Deployment& dep) {
 
 namespace {
 
-void write_kernel_registry(Deployment& dep, const PhaseOutcome& o) {
-  nlohmann::json reg = {{"target", "cpu"}, {"isa", cpu::isa()}, {"kernels", o.details.value("kernels", nlohmann::json::array())}};
+void write_kernel_registry(Deployment& dep, const StagedRunner& target, const PhaseOutcome& o) {
+  nlohmann::json reg = {{"target", target.target()}, {"isa", target.isa()},
+                        {"kernels", o.details.value("kernels", nlohmann::json::array())}};
   write_json_atomic(dep.file("kernel_registry.json"), reg);
-  std::string md = fmt::format("# Kernel registry (phase 1)\n\nTarget cpu, ISA {}. Each row: the target kernel on the oracle's "
+  std::string md = fmt::format("# Kernel registry (phase 1)\n\nTarget {}, ISA {}. Each row: the target kernel on the oracle's "
                                "real layer-0 activations vs its oracle twin.\n\n",
-                               cpu::isa());
+                               target.target(), target.isa());
   md += "| kernel | role | shape | nmse | max_abs | pearson | cosine | verdict |\n|---|---|---|---|---|---|---|---|\n";
   for (const auto& k : reg["kernels"]) {
     const auto& m = k["metrics"];
@@ -95,8 +103,10 @@ void write_plan_files(Deployment& dep, const nlohmann::json& plan) {
 }  // namespace
 
 DeployResult deploy(const DeployOptions& opts) {
-  if (opts.target != "cpu")
-    fail("target '{}' is not available in this version (targets: cpu)", opts.target);
+  const std::vector<std::string> targets = target_names();
+  if (std::find(targets.begin(), targets.end(), opts.target) == targets.end())
+    fail("target '{}' is not available in this version (targets: {})", opts.target, fmt::join(targets, ", "));
+  check_target_options(opts.target, target_options(opts));
   if (opts.from_phase >= 0 && !phase_def(opts.from_phase).implemented)
     fail("--from-phase {}: phase {} ({}) is not implemented in this version", opts.from_phase, opts.from_phase,
          phase_def(opts.from_phase).name);
@@ -136,8 +146,8 @@ DeployResult deploy(const DeployOptions& opts) {
                       {{"phase", p.id}, {"name", p.name}, {"pass", o.pass}, {"summary", o.summary}, {"gates", rows},
                        {"details", o.details}, {"diagnosis", o.diagnosis}});
     if (p.id == 1) {
-      write_kernel_registry(dep, o);
-      write_plan_files(dep, build_cpu_plan(model, ctx.target()));
+      write_kernel_registry(dep, ctx.target(), o);
+      write_plan_files(dep, ctx.target().build_plan(model));
     }
     if (p.id == 6 && o.pass) {
       nlohmann::json plan = read_json_file(dep.file("plan.json"));

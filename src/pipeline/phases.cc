@@ -13,6 +13,7 @@
 #include "model/tensors.h"
 #include "oracle/ops.h"
 #include "pipeline/plan.h"
+#include "targets/registry.h"
 #include "util/error.h"
 #include "util/npy.h"
 #include "util/parallel.h"
@@ -38,13 +39,17 @@ OracleRunner& PhaseContext::oracle() {
   if (!oracle_) oracle_ = std::make_unique<OracleRunner>(model, opts.threads);
   return *oracle_;
 }
-CpuRunner& PhaseContext::target() {
-  if (!target_) {
-    CpuOptions o;
-    o.threads = opts.threads;
-    o.faults = opts.faults;
-    target_ = std::make_unique<CpuRunner>(model, o);
-  }
+TargetOptions target_options(const DeployOptions& opts) {
+  TargetOptions o;
+  o.threads = opts.threads;
+  o.faults = opts.faults;
+  o.plan_name = opts.plan_name;
+  o.device = opts.device;
+  return o;
+}
+
+StagedRunner& PhaseContext::target() {
+  if (!target_) target_ = make_target_runner(opts.target, model, target_options(opts));
   return *target_;
 }
 void PhaseContext::progress(const std::string& line) const {
@@ -293,8 +298,10 @@ PhaseOutcome run_phase1_kernels(PhaseContext& ctx) {
   KernelChecker chk{out};
   const ModelSpec& s = ctx.model.spec();
   const int64_t H = s.hidden, Q = s.q_dim(), KV = s.kv_dim(), I = s.intermediate, hd = s.head_dim;
-  CpuRunner& target = ctx.target();
+  StagedRunner& target = ctx.target();
   const Model& model = ctx.model;
+  // The oracle's twins run on the host's threads (their results do not depend on how many).
+  const int host_threads = ctx.opts.threads > 0 ? ctx.opts.threads : default_threads();
 
   // Real activations: the oracle's layer 0 on the concatenated canonical prompts.
   const std::vector<int32_t> ids = long_prompt(ctx, 64);
@@ -316,23 +323,23 @@ PhaseOutcome run_phase1_kernels(PhaseContext& ctx) {
   // embedding
   {
     GuardedBuffer got(T * H);
-    cpu::embedding(target.matrix("model.embed_tokens.weight"), ids.data(), T, got.data());
+    target.op_embedding(ids.data(), T, got.data());
     chk.check("embedding", "embed_tokens", TH, embed.data(), got, T, H);
   }
   // rmsnorm (attn_norm, mlp_norm, final_norm)
-  auto norm_case = [&](const std::string& role, const std::vector<float>& in, const std::vector<float>& ref,
-                       const std::vector<float>& w) {
+  // (the target's own norm weights: layer 0's, and the final norm's)
+  auto norm_case = [&](const std::string& role, Stage which, const std::vector<float>& in, const std::vector<float>& ref) {
     GuardedBuffer got(T * H);
-    cpu::rmsnorm(in.data(), w.data(), got.data(), T, H, float(s.rms_eps));
+    target.op_rmsnorm(which, 0, in.data(), T, got.data());
     chk.check("rmsnorm", role, TH, ref.data(), got, T, H);
   };
-  norm_case("attn_norm", embed, probe("attn_norm"), f32(layer_tensor(0, "input_layernorm.weight")));
-  norm_case("mlp_norm", probe("attn_residual"), probe("mlp_norm"), f32(layer_tensor(0, "post_attention_layernorm.weight")));
+  norm_case("attn_norm", Stage::AttnNorm, embed, probe("attn_norm"));
+  norm_case("mlp_norm", Stage::MlpNorm, probe("attn_residual"), probe("mlp_norm"));
   {
     std::vector<float> ref(size_t(T * H));
     const std::vector<float> w = f32("model.norm.weight");
     oracle::rmsnorm(probe("out").data(), w.data(), ref.data(), T, H, s.rms_eps);
-    norm_case("final_norm", probe("out"), ref, w);
+    norm_case("final_norm", Stage::FinalNorm, probe("out"), ref);
   }
 
   // gemm: every projection at the prefill shape and the decode shape (one row)
@@ -344,7 +351,7 @@ PhaseOutcome run_phase1_kernels(PhaseContext& ctx) {
     for (int64_t rows : {T, int64_t(1)}) {
       const float* in = x.data() + (T - rows) * K;
       std::vector<float> ref(size_t(rows * N));
-      oracle::linear(in, rows, w, bias.empty() ? nullptr : bias.data(), ref.data(), target.threads());
+      oracle::linear(in, rows, w, bias.empty() ? nullptr : bias.data(), ref.data(), host_threads);
       GuardedBuffer got(rows * N);
       target.op_linear(stage, in, rows, weight, bias, got.data());
       chk.check("gemm", role + (bias.empty() ? "" : "+bias"), fmt::format("[{},{}]x[{},{}]^T", rows, K, N, K), ref.data(), got,
@@ -372,7 +379,7 @@ PhaseOutcome run_phase1_kernels(PhaseContext& ctx) {
     std::vector<float> x(static_cast<size_t>(H));
     oracle::rmsnorm(probe("out").data() + (T - 1) * H, w.data(), x.data(), 1, H, s.rms_eps);
     std::vector<float> ref(size_t(s.vocab));
-    oracle::linear(x.data(), 1, model.lm_head(), nullptr, ref.data(), target.threads());
+    oracle::linear(x.data(), 1, model.lm_head(), nullptr, ref.data(), host_threads);
     GuardedBuffer got(s.vocab);
     static const std::vector<float> none;
     target.op_linear(Stage::LmHead, x.data(), 1, model.lm_head().name, none, got.data());
@@ -385,9 +392,9 @@ PhaseOutcome run_phase1_kernels(PhaseContext& ctx) {
     const std::vector<float> kb_ = qb ? f32(layer_tensor(0, "self_attn.k_proj.bias")) : std::vector<float>{};
     std::vector<float> q_raw(size_t(T * Q)), k_raw(size_t(T * KV));
     oracle::linear(probe("attn_norm").data(), T, model.get(layer_tensor(0, "self_attn.q_proj.weight")),
-                   qb_.empty() ? nullptr : qb_.data(), q_raw.data(), target.threads());
+                   qb_.empty() ? nullptr : qb_.data(), q_raw.data(), host_threads);
     oracle::linear(probe("attn_norm").data(), T, model.get(layer_tensor(0, "self_attn.k_proj.weight")),
-                   kb_.empty() ? nullptr : kb_.data(), k_raw.data(), target.threads());
+                   kb_.empty() ? nullptr : kb_.data(), k_raw.data(), host_threads);
     const std::vector<float> qn = f32(layer_tensor(0, "self_attn.q_norm.weight")), kn = f32(layer_tensor(0, "self_attn.k_norm.weight"));
     const std::vector<float> inv_freq = oracle::rope_inv_freq(s);
     const std::string kname = s.qk_norm ? "qk_norm+rope" : "rope";
@@ -413,12 +420,9 @@ PhaseOutcome run_phase1_kernels(PhaseContext& ctx) {
   {
     target.reset();
     target.op_kv_write(0, 0, probe("k").data(), probe("v").data(), T);
-    std::vector<float> back(size_t(T * KV));
-    GuardedBuffer kback(T * KV);
-    for (int64_t j = 0; j < T; ++j) target.cache().read_k(0, j, kback.data() + j * KV);
+    GuardedBuffer kback(T * KV), vback(T * KV);
+    target.kv_read(0, 0, T, kback.data(), vback.data());
     chk.check("kv_write", "keys round trip", fmt::format("[{},{}]", T, KV), probe("k").data(), kback, T, KV);
-    GuardedBuffer vback(T * KV);
-    for (int64_t j = 0; j < T; ++j) target.cache().read_v(0, j, vback.data() + j * KV);
     chk.check("kv_write", "values round trip", fmt::format("[{},{}]", T, KV), probe("v").data(), vback, T, KV);
 
     GuardedBuffer att(T * Q);
@@ -435,15 +439,15 @@ PhaseOutcome run_phase1_kernels(PhaseContext& ctx) {
   // silu_mul and the residual add
   {
     GuardedBuffer got(T * I);
-    cpu::silu_mul(probe("gate").data(), probe("up").data(), got.data(), T * I);
+    target.op_silu_mul(probe("gate").data(), probe("up").data(), T, got.data());
     chk.check("silu_mul", "mlp act", fmt::format("[{},{}]", T, I), probe("act").data(), got, T, I);
     GuardedBuffer h = guarded_copy(embed.data(), T * H);
-    cpu::add(h.data(), probe("o_proj").data(), T * H);
+    target.op_add(Stage::AttnResidual, h.data(), probe("o_proj").data(), T);
     chk.check("add", "attn_residual", TH, probe("attn_residual").data(), h, T, H);
   }
 
   out.pass = chk.n_failed == 0;
-  out.summary = fmt::format("{} kernel cases on {} ({}), {} failed", out.gates.size(), "cpu", cpu::isa(), chk.n_failed);
+  out.summary = fmt::format("{} kernel cases on {} ({}), {} failed", out.gates.size(), target.target(), target.isa(), chk.n_failed);
   if (!out.pass) {
     std::vector<std::string> names;
     for (const GateResult& g : out.gates)
@@ -487,7 +491,7 @@ std::vector<BlockScenario> block_scenarios(PhaseContext& ctx) {
 }
 
 // Layer 0 on the target, fed the oracle's embeddings: prefill, then decode steps.
-std::vector<float> run_block(CpuRunner& target, const BlockScenario& sc, int64_t H) {
+std::vector<float> run_block(StagedRunner& target, const BlockScenario& sc, int64_t H) {
   std::vector<float> h = sc.embed;
   target.reset(sc.start);
   target.forward_layers(h.data(), sc.prefill, 1);
@@ -527,7 +531,7 @@ std::string BisectResult::text() const {
 BisectResult bisect_block(PhaseContext& ctx) {
   const ModelSpec& s = ctx.model.spec();
   const auto scenarios = block_scenarios(ctx);
-  CpuRunner& target = ctx.target();
+  StagedRunner& target = ctx.target();
   BisectResult r;
   r.trials = nlohmann::json::array();
   double best = INFINITY;
@@ -559,7 +563,7 @@ PhaseOutcome run_phase2_block(PhaseContext& ctx) {
   PhaseOutcome out;
   const ModelSpec& s = ctx.model.spec();
   const auto scenarios = block_scenarios(ctx);
-  CpuRunner& target = ctx.target();
+  StagedRunner& target = ctx.target();
   target.set_oracle_stages({});
   for (const BlockScenario& sc : scenarios) {
     ctx.progress(fmt::format("[phase 2] layer 0 at {}", sc.name));
@@ -603,7 +607,7 @@ PhaseOutcome run_phase3_model(PhaseContext& ctx) {
       OracleRunner& oracle = ctx.oracle();
       oracle.reset();
       const std::vector<float> lr = oracle.forward(p.ids, false, ref.fn(want), ProbeLevel::Layers);
-      CpuRunner& target = ctx.target();
+      StagedRunner& target = ctx.target();
       target.reset();
       const std::vector<float> lg = target.forward(p.ids, false, got.fn(want), ProbeLevel::Layers);
       const int64_t T = int64_t(p.ids.size());

@@ -1,6 +1,7 @@
-// The pipeline's phases (design section 1) on the cpu target: each reads what it needs,
-// does its work, runs its gate, and returns what happened. deploy.cc sequences them and
-// records the outcomes in the deployment directory.
+// The pipeline's phases (design section 1) on any registered target: each reads what it
+// needs, does its work, runs its gate, and returns what happened. deploy.cc sequences them
+// and records the outcomes in the deployment directory. The phases see the target only
+// through StagedRunner (targets/staged_runner.h), made by the registry.
 #pragma once
 #include <functional>
 #include <memory>
@@ -11,7 +12,7 @@
 #include "gates/gates.h"
 #include "io/weights.h"
 #include "pipeline/deployment.h"
-#include "targets/cpu/cpu_runner.h"
+#include "targets/staged_runner.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tessera {
@@ -19,13 +20,18 @@ namespace tessera {
 struct DeployOptions {
   std::string model_path;
   std::string out_dir;
-  std::string target = "cpu";
-  FaultSet faults;
+  std::string target = "cpu";  // a name from target_names()
+  FaultSet faults;            // checked against the target's faults
+  std::string plan_name;      // "": the target's default plan
+  std::string device;         // "": the target's default device (profile)
   int from_phase = -1;      // -1: resume at the first phase not passed
   int threads = 0;          // 0: default_threads()
   std::string reference_dir;  // golden fixtures (transformers); "": the source tree's, if present
   bool quiet = false;       // no progress lines
 };
+
+// What the registry is asked for: the target's options from the deploy options.
+TargetOptions target_options(const DeployOptions& opts);
 
 struct PhaseOutcome {
   bool pass = false;
@@ -45,13 +51,13 @@ class PhaseContext {
   const DeployOptions& opts;
   const Tokenizer& tokenizer();
   OracleRunner& oracle();
-  CpuRunner& target();  // with opts.faults injected
+  StagedRunner& target();  // opts.target from the registry, with opts.faults injected
   void progress(const std::string& line) const;
 
  private:
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<OracleRunner> oracle_;
-  std::unique_ptr<CpuRunner> target_;
+  std::unique_ptr<StagedRunner> target_;
 };
 
 struct CanonicalPrompt {

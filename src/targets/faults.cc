@@ -5,6 +5,7 @@
 
 namespace tessera {
 
+// The cpu target's faults (its TargetDef lists them; other targets declare their own).
 // Each fault names the stage it corrupts (what phase 2's bisect must name) and the first
 // phase whose gate must catch it. Faults that live in one kernel are phase 1's to catch;
 // a fault that is right on the first call and wrong after (stale-kv) needs phase 2's

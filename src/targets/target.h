@@ -1,7 +1,9 @@
-// What every target offers the pipeline: a model runner (prefill + decode with a KV cache,
-// probe points named like the oracle's, per-op execution counters) and the kernel faults
-// that can be injected on purpose. The FP32 oracle is wrapped in the same interface so
-// that generation, gates and benchmarks treat every executor alike.
+// What every executor offers generation and benchmarks: a model runner (prefill + decode
+// with a KV cache, probe points named like the oracle's, per-op execution counters), and
+// the kernel faults a target can be made to commit on purpose. The FP32 oracle is wrapped
+// in the same interface so that generation, gates and benchmarks treat every executor
+// alike. What the pipeline needs beyond this is StagedRunner (targets/staged_runner.h);
+// targets are made by name through targets/registry.h.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -53,14 +55,17 @@ class OracleRunner final : public ModelRunner {
 
 // Faults a target can be made to commit on purpose (`--inject NAME`), each a known porting
 // failure from ../shared/reference/porting-pitfalls.md. The gates must catch every one.
+// Each target declares its own (TargetDef::faults; target_faults(target) in registry.h).
 struct FaultInfo {
   std::string name;
   std::string kernel;       // the stage whose output the fault corrupts (what bisect must name)
   int first_phase;          // the first phase whose gate must catch it
   std::string description;
 };
+// The cpu target's faults (= target_faults("cpu")), and one of them by name (throws naming
+// them); other targets' faults: target_faults / target_fault_info in registry.h.
 const std::vector<FaultInfo>& known_faults();
-const FaultInfo& fault_info(const std::string& name);  // throws naming the known faults
+const FaultInfo& fault_info(const std::string& name);
 using FaultSet = std::set<std::string>;
 
 }  // namespace tessera

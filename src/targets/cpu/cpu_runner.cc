@@ -17,38 +17,33 @@
 namespace tessera {
 
 namespace {
-struct StageInfo {
-  const char* name;
-  const char* kernel;
-};
-constexpr StageInfo kStages[kStageCount] = {
-    {"embedding", "embedding"}, {"attn_norm", "rmsnorm"},    {"qkv_proj", "gemm"},       {"rope", "rope"},
-    {"kv_write", "kv_write"},   {"attention", "attention"},  {"o_proj", "gemm"},         {"attn_residual", "add"},
-    {"mlp_norm", "rmsnorm"},    {"gate_up_proj", "gemm"},    {"silu_mul", "silu_mul"},   {"down_proj", "gemm"},
-    {"mlp_residual", "add"},    {"final_norm", "rmsnorm"},   {"lm_head", "gemm"},
-};
 void grow(std::vector<float>& v, int64_t n) {
   if (int64_t(v.size()) < n) v.resize(size_t(n));
 }
 }  // namespace
 
-const char* stage_name(Stage s) { return kStages[int(s)].name; }
-const char* stage_kernel(Stage s) { return kStages[int(s)].kernel; }
-
-Stage stage_from_name(const std::string& name) {
-  std::string names;
-  for (int i = 0; i < kStageCount; ++i) {
-    if (name == kStages[i].name) return Stage(i);
-    names += (i ? ", " : "") + std::string(kStages[i].name);
-  }
-  fail("unknown stage '{}'; stages: {}", name, names);
-}
-
-const std::vector<Stage>& layer_stages() {
-  static const std::vector<Stage> stages = {Stage::AttnNorm,     Stage::QkvProj, Stage::Rope,       Stage::KvWrite,
-                                            Stage::Attention,    Stage::OProj,   Stage::AttnResidual, Stage::MlpNorm,
-                                            Stage::GateUpProj,   Stage::SiluMul, Stage::DownProj,   Stage::MlpResidual};
-  return stages;
+TargetDef cpu_target_def() {
+  TargetDef d;
+  d.name = "cpu";
+  d.check_options = [](const TargetOptions& t) {
+    if (!t.plan_name.empty() && t.plan_name != "cpu-naive")
+      fail("target cpu has no plan '{}' (plans: cpu-naive)", t.plan_name);
+    if (!t.device.empty()) fail("target cpu has no devices to choose (asked for '{}')", t.device);
+  };
+  d.make = [](const Model& model, const TargetOptions& t) -> std::unique_ptr<StagedRunner> {
+    CpuOptions o;
+    o.threads = t.threads;
+    o.faults = t.faults;
+    o.oracle_stages = t.oracle_stages;
+    o.profile = t.profile;
+    return std::make_unique<CpuRunner>(model, std::move(o));
+  };
+  d.faults = []() -> const std::vector<FaultInfo>& { return known_faults(); };
+  d.options_from_plan = [](const nlohmann::json& plan, TargetOptions& o) {
+    // A deployment runs with the threads it was gated with, unless asked otherwise.
+    if (o.threads <= 0) o.threads = plan.value("cpu", nlohmann::json::object()).value("threads", 0);
+  };
+  return d;
 }
 
 struct CpuRunner::Layer : LayerParams {};
@@ -105,6 +100,30 @@ CpuRunner::~CpuRunner() = default;
 
 int CpuRunner::threads() const { return pool_->size(); }
 
+std::string CpuRunner::description() const { return fmt::format("cpu ({}, {} threads)", cpu::isa(), threads()); }
+
+std::string CpuRunner::isa() const { return cpu::isa(); }
+
+nlohmann::json CpuRunner::build_plan(const Model& model) const {
+  const ModelSpec& s = model.spec();
+  nlohmann::json plan;
+  plan["format"] = "tessera-plan/1";
+  plan["name"] = "cpu-naive";
+  plan["target"] = "cpu";
+  plan["model"] = {{"path", model.path()}, {"format", model.format()}, {"arch", arch_name(s.arch)}, {"spec", s.to_json()}};
+  plan["cpu"] = {{"isa", cpu::isa()}, {"threads", threads()}};
+  plan["weights"] = {{"dtype", "bf16"},
+                     {"mapped_bytes", mapped_weight_bytes()},
+                     {"converted_bytes", owned_weight_bytes()},
+                     {"residency", owned_weight_bytes() == 0 ? "memory-mapped from the checkpoint"
+                                                             : "converted to bf16 once at load (the file is not bf16 in HF layout)"}};
+  plan["kv_cache"] = {{"bytes_per_position", kv_bytes_per_position()}, {"growth", "on demand"}};
+  plan["dispatches"] = one_op_per_dispatch(s, "cpu");
+  plan["host_ops"] = nlohmann::json::array();  // the cpu target is the host: nothing is left behind
+  plan["frozen"] = false;
+  return plan;
+}
+
 const cpu::Bf16Matrix& CpuRunner::matrix(const std::string& name) const {
   auto it = matrices_.find(name);
   if (it == matrices_.end()) fail("cpu target: no matrix '{}'", name);
@@ -153,17 +172,67 @@ void CpuRunner::lap(Stage next) {
 std::map<std::string, double> CpuRunner::stage_seconds() const {
   std::map<std::string, double> out;
   for (int i = 0; i < kStageCount; ++i)
-    if (stage_seconds_[size_t(i)] > 0) out[kStages[i].name] = stage_seconds_[size_t(i)];
+    if (stage_seconds_[size_t(i)] > 0) out[stage_name(Stage(i))] = stage_seconds_[size_t(i)];
   return out;
 }
 
 std::map<std::string, int64_t> CpuRunner::op_counters() const {
   std::map<std::string, int64_t> out;
   for (int i = 0; i < kStageCount; ++i) {
-    if (target_calls_[size_t(i)]) out[kStages[i].name] = target_calls_[size_t(i)];
-    if (oracle_calls_[size_t(i)]) out[std::string("oracle:") + kStages[i].name] = oracle_calls_[size_t(i)];
+    if (target_calls_[size_t(i)]) out[stage_name(Stage(i))] = target_calls_[size_t(i)];
+    if (oracle_calls_[size_t(i)]) out[std::string("oracle:") + stage_name(Stage(i))] = oracle_calls_[size_t(i)];
   }
   return out;
+}
+
+const std::vector<float>& CpuRunner::norm_weight(Stage which, int64_t layer) const {
+  switch (which) {
+    case Stage::FinalNorm: return final_norm_;
+    case Stage::AttnNorm:
+    case Stage::MlpNorm:
+      if (layer < 0 || layer >= int64_t(layers_.size())) fail("cpu target: no layer {}", layer);
+      return which == Stage::AttnNorm ? layers_[size_t(layer)].attn_norm : layers_[size_t(layer)].mlp_norm;
+    default: fail("cpu target: stage '{}' is not an rmsnorm", stage_name(which));
+  }
+}
+
+void CpuRunner::op_embedding(const int32_t* ids, int64_t T, float* out) {
+  if (by_oracle(Stage::Embedding)) {
+    const Weight& embed = model_.get("model.embed_tokens.weight");
+    const int64_t H = spec().hidden;
+    for (int64_t t = 0; t < T; ++t) embed.row_f32(ids[t], out + t * H);
+  } else {
+    cpu::embedding(matrix("model.embed_tokens.weight"), ids, T, out);
+  }
+}
+
+void CpuRunner::op_rmsnorm(Stage which, int64_t layer, const float* x, int64_t T, float* out) {
+  const ModelSpec& s = spec();
+  const std::vector<float>& w = norm_weight(which, layer);
+  if (by_oracle(which)) oracle::rmsnorm(x, w.data(), out, T, s.hidden, s.rms_eps);
+  else cpu::rmsnorm(x, w.data(), out, T, s.hidden, float(s.rms_eps));
+}
+
+void CpuRunner::op_silu_mul(const float* gate, const float* up, int64_t T, float* out) {
+  const int64_t n = T * spec().intermediate;
+  if (by_oracle(Stage::SiluMul)) oracle::silu_mul(gate, up, out, n);
+  else cpu::silu_mul(gate, up, out, n);
+}
+
+void CpuRunner::op_add(Stage which, float* acc, const float* x, int64_t T) {
+  const int64_t n = T * spec().hidden;
+  if (by_oracle(which))
+    for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
+  else
+    cpu::add(acc, x, n);
+}
+
+void CpuRunner::kv_read(int64_t l, int64_t rel, int64_t T, float* k, float* v) {
+  const int64_t KV = spec().kv_dim();
+  for (int64_t j = 0; j < T; ++j) {
+    cache_->read_k(l, rel + j, k + j * KV);
+    cache_->read_v(l, rel + j, v + j * KV);
+  }
 }
 
 void CpuRunner::op_linear(Stage s, const float* x, int64_t T, const std::string& weight, const std::vector<float>& bias,
@@ -253,26 +322,23 @@ void CpuRunner::op_attention(int64_t l, const float* q, int64_t T, int64_t rel, 
 void CpuRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& probe, ProbeLevel level) {
   const ModelSpec& s = spec();
   const Layer& L = layers_[size_t(l)];
-  const int64_t H = s.hidden, Q = s.q_dim(), KV = s.kv_dim(), I = s.intermediate, hd = s.head_dim;
-  const float eps = float(s.rms_eps);
+  const int64_t H = s.hidden, Q = s.q_dim(), KV = s.kv_dim(), I = s.intermediate;
   const std::string p = probe ? fmt::format("layers.{}.", l) : std::string();
   auto emit = [&](ProbeLevel needed, std::string_view name, const float* data, int64_t cols) {
     if (probe && level >= needed) probe(p + std::string(name), data, T, cols);
   };
-  auto norm = [&](Stage st, const float* in, const std::vector<float>& w, float* out, int64_t rows, int64_t n) {
+  auto norm = [&](Stage st, const float* in, float* out) {
     count(st);
-    if (by_oracle(st)) oracle::rmsnorm(in, w.data(), out, rows, n, s.rms_eps);
-    else cpu::rmsnorm(in, w.data(), out, rows, n, eps);
+    op_rmsnorm(st, l, in, T, out);
   };
-  auto add = [&](Stage st, float* acc, const float* x, int64_t n) {
+  auto add = [&](Stage st, float* acc, const float* x) {
     count(st);
-    if (by_oracle(st)) for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
-    else cpu::add(acc, x, n);
+    op_add(st, acc, x, T);
   };
   float *x = x_.data(), *q = q_.data(), *k = k_.data(), *v = v_.data(), *attn = attn_.data(), *o = o_.data();
   float *gate = gate_.data(), *up = up_.data(), *act = act_.data(), *down = down_.data();
 
-  norm(Stage::AttnNorm, h, L.attn_norm, x, T, H);
+  norm(Stage::AttnNorm, h, x);
   emit(ProbeLevel::All, "attn_norm", x, H);
 
   count(Stage::QkvProj);
@@ -293,10 +359,10 @@ void CpuRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& probe, 
   count(Stage::OProj);
   op_linear(Stage::OProj, attn, T, L.o->name, L.o_bias, o);
   emit(ProbeLevel::All, "o_proj", o, H);
-  add(Stage::AttnResidual, h, o, T * H);
+  add(Stage::AttnResidual, h, o);
   emit(ProbeLevel::All, "attn_residual", h, H);
 
-  norm(Stage::MlpNorm, h, L.mlp_norm, x, T, H);
+  norm(Stage::MlpNorm, h, x);
   emit(ProbeLevel::All, "mlp_norm", x, H);
   count(Stage::GateUpProj);
   op_linear(Stage::GateUpProj, x, T, L.gate->name, L.gate_bias, gate);
@@ -304,13 +370,12 @@ void CpuRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& probe, 
   emit(ProbeLevel::All, "gate", gate, I);
   emit(ProbeLevel::All, "up", up, I);
   count(Stage::SiluMul);
-  if (by_oracle(Stage::SiluMul)) oracle::silu_mul(gate, up, act, T * I);
-  else cpu::silu_mul(gate, up, act, T * I);
+  op_silu_mul(gate, up, T, act);
   emit(ProbeLevel::All, "act", act, I);
   count(Stage::DownProj);
   op_linear(Stage::DownProj, act, T, L.down->name, L.down_bias, down);
   emit(ProbeLevel::All, "down", down, H);
-  add(Stage::MlpResidual, h, down, T * H);
+  add(Stage::MlpResidual, h, down);
   emit(ProbeLevel::Layers, "out", h, H);
 }
 
@@ -344,12 +409,7 @@ std::vector<float> CpuRunner::forward(std::span<const int32_t> ids, bool all_log
   const int64_t H = s.hidden;
   std::vector<float> h(size_t(T * H));
   count(Stage::Embedding);
-  if (by_oracle(Stage::Embedding)) {
-    const Weight& embed = model_.get("model.embed_tokens.weight");
-    for (int64_t t = 0; t < T; ++t) embed.row_f32(ids[size_t(t)], h.data() + t * H);
-  } else {
-    cpu::embedding(matrix("model.embed_tokens.weight"), ids.data(), T, h.data());
-  }
+  op_embedding(ids.data(), T, h.data());
   if (probe && level >= ProbeLevel::All) probe("embed", h.data(), T, H);
 
   forward_layers(h.data(), T, s.n_layers, probe, level);
@@ -358,8 +418,7 @@ std::vector<float> CpuRunner::forward(std::span<const int32_t> ids, bool all_log
   const float* last = h.data() + (T - rows) * H;
   std::vector<float> x(size_t(rows * H));
   count(Stage::FinalNorm);
-  if (by_oracle(Stage::FinalNorm)) oracle::rmsnorm(last, final_norm_.data(), x.data(), rows, H, s.rms_eps);
-  else cpu::rmsnorm(last, final_norm_.data(), x.data(), rows, H, float(s.rms_eps));
+  op_rmsnorm(Stage::FinalNorm, -1, last, rows, x.data());
   if (probe && level >= ProbeLevel::Layers) {
     // The probe sees every position's final norm, as the oracle's does.
     std::vector<float> all(size_t(T * H));

@@ -2,7 +2,8 @@
 // weights (memory-mapped when the file already holds BF16 in Hugging Face layout,
 // converted once otherwise), a KV cache, the oracle's probe names, per-stage execution
 // counters, injectable faults, and per-stage substitution by the oracle's kernel (the
-// experiment phase 2's bisect runs).
+// experiment phase 2's bisect runs). The pipeline sees it as a StagedRunner, made by the
+// registry from cpu_target_def().
 #pragma once
 #include <array>
 #include <chrono>
@@ -14,21 +15,9 @@
 #include <vector>
 
 #include "targets/cpu/kernels.h"
-#include "targets/target.h"
+#include "targets/staged_runner.h"
 
 namespace tessera {
-
-// The stages of the forward pass in execution order; each is one target kernel call (or a
-// small fixed group: qkv_proj is three GEMMs, rope also applies Qwen3's q/k norm first).
-enum class Stage : int {
-  Embedding, AttnNorm, QkvProj, Rope, KvWrite, Attention, OProj, AttnResidual, MlpNorm, GateUpProj,
-  SiluMul, DownProj, MlpResidual, FinalNorm, LmHead, Count
-};
-constexpr int kStageCount = int(Stage::Count);
-const char* stage_name(Stage s);
-const char* stage_kernel(Stage s);  // the kernel class: "gemm", "rmsnorm", "rope", ...
-Stage stage_from_name(const std::string& name);  // throws naming the stages
-const std::vector<Stage>& layer_stages();         // the per-layer stages, in order
 
 struct CpuOptions {
   int threads = 0;                 // 0: default_threads()
@@ -37,11 +26,16 @@ struct CpuOptions {
   bool profile = false;            // accumulate wall time per stage (stage_seconds)
 };
 
-class CpuRunner final : public ModelRunner {
+// The cpu target as the registry knows it: CpuRunner, known_faults(), and the thread count
+// a frozen plan recorded. Its only plan is "cpu-naive"; it has no devices to choose.
+TargetDef cpu_target_def();
+
+class CpuRunner final : public StagedRunner {
  public:
   CpuRunner(const Model& model, CpuOptions options = {});
   ~CpuRunner() override;
 
+  // ModelRunner
   std::string target() const override { return "cpu"; }
   const ModelSpec& spec() const override { return model_.spec(); }
   std::vector<float> forward(std::span<const int32_t> ids, bool all_logits = true, const ProbeFn& probe = {},
@@ -50,36 +44,45 @@ class CpuRunner final : public ModelRunner {
   void reset(int64_t start_position = 0) override;
   void truncate(int64_t positions) override;
   std::map<std::string, int64_t> op_counters() const override;
+
+  // StagedRunner
+  std::string description() const override;  // "cpu (avx512bf16, 2 threads)"
+  std::string isa() const override;          // cpu::isa()
+  void forward_layers(float* h, int64_t T, int64_t n_layers, const ProbeFn& probe = {},
+                      ProbeLevel level = ProbeLevel::None) override;
+  void set_oracle_stages(std::set<Stage> stages) override { options_.oracle_stages = std::move(stages); }
+  const std::set<Stage>& oracle_stages() const override { return options_.oracle_stages; }
+  // The stage operations, faults included, as the forward pass calls them. op_rope,
+  // op_kv_write and op_attention count their stage in op_counters; the forward pass counts
+  // the other stages itself (a direct call to them is not counted).
+  void op_embedding(const int32_t* ids, int64_t T, float* out) override;
+  void op_rmsnorm(Stage which, int64_t layer, const float* x, int64_t T, float* out) override;
+  void op_linear(Stage s, const float* x, int64_t T, const std::string& weight, const std::vector<float>& bias,
+                 float* y) override;
+  void op_rope(int64_t layer, float* q, float* k, int64_t T, int64_t pos) override;  // + Qwen3 q/k norm
+  void op_kv_write(int64_t layer, int64_t rel, const float* k, const float* v, int64_t T) override;
+  void kv_read(int64_t layer, int64_t rel, int64_t T, float* k, float* v) override;
+  void op_attention(int64_t layer, const float* q, int64_t T, int64_t rel, float* out) override;
+  void op_silu_mul(const float* gate, const float* up, int64_t T, float* out) override;
+  void op_add(Stage which, float* acc, const float* x, int64_t T) override;
+  // Plan "cpu-naive": every op on the cpu, one per dispatch, with the ISA, threads, the
+  // weights' residency and the KV cache.
+  nlohmann::json build_plan(const Model& model) const override;
+  int64_t weight_bytes_per_token() const override;
+  int64_t kv_bytes_per_position() const override;
+
+  // cpu only.
   // With CpuOptions::profile: wall seconds spent in each stage since construction.
   std::map<std::string, double> stage_seconds() const;
   void clear_profile() { stage_seconds_.fill(0); }
-
-  // Runs layers [0, n_layers) on hidden states h [T, hidden] (in place) at the next
-  // positions, without embedding or head: phase 2 drives one layer with the oracle's inputs.
-  void forward_layers(float* h, int64_t T, int64_t n_layers, const ProbeFn& probe = {},
-                      ProbeLevel level = ProbeLevel::None);
-
-  void set_oracle_stages(std::set<Stage> stages) { options_.oracle_stages = std::move(stages); }
   const CpuOptions& options() const { return options_; }
   int threads() const;
   // Weight bytes the runner reads from the file mapping vs holds converted in memory.
   int64_t mapped_weight_bytes() const { return mapped_bytes_; }
   int64_t owned_weight_bytes() const { return owned_bytes_; }
-  // Bytes of weights one decode step reads (every layer's matrices plus the LM head).
-  int64_t weight_bytes_per_token() const;
-  int64_t kv_bytes_per_position() const;
-
-  // The weights as the kernels see them (phase 1 feeds the same matrices to both sides).
+  // The weights as the kernels see them.
   const cpu::Bf16Matrix& matrix(const std::string& canonical_name) const;
   cpu::ThreadPool& pool() { return *pool_; }
-
-  // The stage operations, faults included, as the forward pass calls them; phase 1 calls
-  // them one at a time on the oracle's inputs. `rel` is the KV cache row (position - start).
-  void op_linear(Stage s, const float* x, int64_t T, const std::string& weight, const std::vector<float>& bias,
-                 float* y);
-  void op_rope(int64_t layer, float* q, float* k, int64_t T, int64_t pos);  // + Qwen3 q/k norm
-  void op_kv_write(int64_t layer, int64_t rel, const float* k, const float* v, int64_t T);
-  void op_attention(int64_t layer, const float* q, int64_t T, int64_t rel, float* out);
   cpu::KvCache& cache() { return *cache_; }
 
  private:
@@ -90,6 +93,7 @@ class CpuRunner final : public ModelRunner {
   void count(Stage s);
   void lap(Stage next);
   const cpu::Bf16Matrix& load_matrix(const Weight& w);
+  const std::vector<float>& norm_weight(Stage which, int64_t layer) const;
 
   const Model& model_;
   CpuOptions options_;

@@ -419,7 +419,6 @@ void KTranspose(const uint16_t* k, int64_t c0, const uint16_t* v, int64_t kv_dim
 void AttnRows(const float* const* q_rows, float* const* out_rows, const int64_t* limit, int R, const float* kt,
               int64_t ld, const float* v, int64_t hd, float scale) {
   const DF df;
-  const hn::Rebind<hwy::float16_t, DF> dh;
   const int64_t L = int64_t(hn::Lanes(df));
   int64_t nmax = 0;
   for (int r = 0; r < R; ++r) nmax = std::max(nmax, limit[r]);

@@ -1,0 +1,108 @@
+// What the pipeline needs from any target (design sections 1, 3, 4): a ModelRunner whose
+// forward pass is cut into the stages of targets/stages.h, so that
+//   - phase 1 can run each stage's kernel on its own, on the oracle's real activations
+//     (the op_* calls below), against the oracle's twin;
+//   - phase 2 can run layer 0 alone (forward_layers) and bisect by swapping one stage at a
+//     time for the oracle's kernel (set_oracle_stages);
+//   - phases 3 and 6 run the whole model (forward) and read op_counters();
+//   - deploy writes the target's first plan (build_plan) and names the target
+//     (description(), isa());
+//   - bench holds decode against its roof (weight_bytes_per_token, kv_bytes_per_position).
+// Targets are constructed through targets/registry.h (make_target_runner); the pipeline
+// never names a concrete runner. Target-specific extras (the cpu's matrices, thread pool,
+// per-stage profile) stay on the concrete class; callers that need them dynamic_cast.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "targets/stages.h"
+#include "targets/target.h"
+
+namespace tessera {
+
+class StagedRunner : public ModelRunner {
+ public:
+  // One line naming the target and how it runs: "cpu (avx512bf16, 2 threads)".
+  virtual std::string description() const = 0;
+  // The instruction set the target's kernels run (cpu: "avx512bf16", "hwy-avx2", "scalar";
+  // an NPU: its core architecture). Phase 1's summary and kernel_registry name it.
+  virtual std::string isa() const = 0;
+
+  // Runs layers [0, n_layers) on hidden states h [T, hidden] (in place) at the next
+  // positions, without embedding or head: phase 2 drives one layer with the oracle's inputs.
+  virtual void forward_layers(float* h, int64_t T, int64_t n_layers, const ProbeFn& probe = {},
+                              ProbeLevel level = ProbeLevel::None) = 0;
+
+  // Stages run by the oracle's kernel instead of the target's (phase 2's bisect experiment).
+  virtual void set_oracle_stages(std::set<Stage> stages) = 0;
+  virtual const std::set<Stage>& oracle_stages() const = 0;
+
+  // The stage operations as the forward pass runs them (injected faults and oracle swaps
+  // included); phase 1 calls them one at a time on the oracle's activations. Shapes: H =
+  // hidden, Q = q_dim, KV = kv_dim, I = intermediate; `rel` is the KV cache row (position
+  // minus the start position given to reset()). Every output buffer is written in full and
+  // nothing outside it (phase 1 surrounds each with guard bytes).
+  //   embedding: ids [T] -> out [T, H]
+  virtual void op_embedding(const int32_t* ids, int64_t T, float* out) = 0;
+  //   rmsnorm with the weights of `which` (AttnNorm, MlpNorm: of `layer`; FinalNorm: layer
+  //   ignored): x [T, H] -> out [T, H]
+  virtual void op_rmsnorm(Stage which, int64_t layer, const float* x, int64_t T, float* out) = 0;
+  //   y [T, N] = x [T, K] . W^T (+ bias); `s` the stage it belongs to (QkvProj, OProj,
+  //   GateUpProj, DownProj, LmHead), `weight` its canonical tensor name
+  virtual void op_linear(Stage s, const float* x, int64_t T, const std::string& weight, const std::vector<float>& bias,
+                         float* y) = 0;
+  //   RoPE at positions [pos, pos + T) on q [T, Q] and k [T, KV] in place (Qwen3: q/k norm first)
+  virtual void op_rope(int64_t layer, float* q, float* k, int64_t T, int64_t pos) = 0;
+  //   k, v [T, KV] into the cache rows [rel, rel + T) of `layer`
+  virtual void op_kv_write(int64_t layer, int64_t rel, const float* k, const float* v, int64_t T) = 0;
+  //   the cache rows [rel, rel + T) of `layer` back as fp32 k, v [T, KV] (phase 1's round trip)
+  virtual void kv_read(int64_t layer, int64_t rel, int64_t T, float* k, float* v) = 0;
+  //   causal GQA attention of q [T, Q] (rows at cache rows rel..rel+T-1, written before)
+  //   over the cache rows [0, rel + T) -> out [T, Q]
+  virtual void op_attention(int64_t layer, const float* q, int64_t T, int64_t rel, float* out) = 0;
+  //   out [T, I] = silu(gate) * up
+  virtual void op_silu_mul(const float* gate, const float* up, int64_t T, float* out) = 0;
+  //   acc [T, H] += x [T, H]; `which` is AttnResidual or MlpResidual
+  virtual void op_add(Stage which, float* acc, const float* x, int64_t T) = 0;
+
+  // The deployment's first plan for this model (design section 4): "format", "name",
+  // "target", "model", "dispatches" (see one_op_per_dispatch), "host_ops", "frozen": false,
+  // plus whatever the target records about itself. deploy writes it after phase 1.
+  virtual nlohmann::json build_plan(const Model& model) const = 0;
+
+  // Bytes of weights one decode step reads (every layer's matrices plus the LM head), and
+  // KV cache bytes per cached position (all layers, keys and values).
+  virtual int64_t weight_bytes_per_token() const = 0;
+  virtual int64_t kv_bytes_per_position() const = 0;
+};
+
+// How a target runner is made (targets/registry.h).
+struct TargetOptions {
+  int threads = 0;                // host worker threads; 0: default_threads()
+  FaultSet faults;                // --inject, checked against the target's faults
+  std::set<Stage> oracle_stages;  // stages run by the oracle's kernel (bisect)
+  bool profile = false;           // accumulate wall time per stage, where the target can
+  std::string plan_name;          // "": the target's default plan
+  std::string device;             // "": the target's default device (profile)
+};
+
+// A target as the registry knows it. Each target's header declares a function returning
+// its definition (cpu: cpu_target_def() in targets/cpu/cpu_runner.h).
+struct TargetDef {
+  std::string name;  // "cpu", "npusim"
+  std::function<std::unique_ptr<StagedRunner>(const Model&, const TargetOptions&)> make;
+  std::function<const std::vector<FaultInfo>&()> faults;  // the faults `--inject` accepts
+  // Refuses options the target cannot honour (an unknown plan or device), cheaply, before
+  // any model is loaded; may be empty. Faults are checked by the registry.
+  std::function<void(const TargetOptions&)> check_options;
+  // Options a frozen plan fixes when a deployment is run again (cpu: its thread count when
+  // none is asked); may be empty. Called before make().
+  std::function<void(const nlohmann::json& plan, TargetOptions& options)> options_from_plan;
+};
+
+}  // namespace tessera
