@@ -27,23 +27,8 @@ using testing_support::run_tessera;
 using testing_support::slurp;
 using testing_support::deploy_options;
 using testing_support::ScratchDir;
+using testing_support::tiny_model;
 namespace fs = std::filesystem;
-
-// Tiny checkpoints are synthesized once per test process and shared.
-const std::string& tiny_model(const std::string& preset) {
-  static std::mutex mu;
-  static std::map<std::string, std::string> made;
-  static ScratchDir root("deploy_models");
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = made.find(preset);
-  if (it != made.end()) return it->second;
-  SynthOptions o;
-  o.preset = preset;
-  o.tiny = true;
-  o.out_dir = root.str(preset);
-  synth(o);
-  return made[preset] = o.out_dir;
-}
 
 bool have_default_model() { return fs::exists(testing_support::default_gguf()); }
 

@@ -12,6 +12,11 @@
 #include <string>
 #include <unistd.h>
 
+#include <map>
+#include <mutex>
+
+#include "synth/synth.h"
+
 #include "pipeline/phases.h"
 
 namespace tessera::testing_support {
@@ -82,6 +87,22 @@ inline DeployOptions deploy_options(const std::string& model, const std::string&
   o.faults = std::move(faults);
   o.quiet = true;
   return o;
+}
+
+// Tiny checkpoints of the seed presets, synthesized once per test process and shared.
+inline const std::string& tiny_model(const std::string& preset) {
+  static std::mutex mu;
+  static std::map<std::string, std::string> made;
+  static ScratchDir root("tiny_models");
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = made.find(preset);
+  if (it != made.end()) return it->second;
+  SynthOptions o;
+  o.preset = preset;
+  o.tiny = true;
+  o.out_dir = root.str(preset);
+  synth(o);
+  return made[preset] = o.out_dir;
 }
 
 inline std::string shared_dir() { return TESSERA_SHARED_DIR; }

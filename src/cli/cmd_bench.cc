@@ -14,6 +14,8 @@
 #include "runtime/bandwidth.h"
 #include "targets/cpu/cpu_runner.h"
 #include "targets/cpu/kernels.h"
+#include "targets/npusim/npusim_runner.h"
+#include "targets/npusim/predict.h"
 #include "targets/registry.h"
 #include "util/error.h"
 #include "util/parallel.h"
@@ -32,6 +34,8 @@ struct BenchArgs {
   bool json = false;
   bool no_bandwidth = false;
   bool profile = false;
+  std::string plan;
+  std::string device;
 };
 
 // 512 MiB: far beyond any cache, and short enough (~20 ms a pass) to take after every repeat.
@@ -46,10 +50,62 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+// npusim: the NPU's speed is the timing model's prediction (nothing runs on an NPU here);
+// the simulator's own wall time per decode step is measured as its speed on this host.
+void bench_npusim(const BenchArgs& a, NpuSimRunner& npu, nlohmann::json& out,
+                  const std::vector<int>& lens, const std::vector<int32_t>& ids) {
+  const ModelSpec& s = npu.spec();
+  auto say = [&](const std::string& line) {
+    if (!a.json) fmt::print(stderr, "{}\n", line);
+  };
+  out["device"] = npu.device().name;
+  out["plan"] = npu.plan().name;
+  say(fmt::format("  predicted by the timing model of device {} under plan {} (not a measurement: npusim models an NPU)",
+                  npu.device().name, npu.plan().name));
+  std::vector<int> prefill_lens = {2048};
+  for (int L : lens)
+    if (L != 2048) prefill_lens.push_back(L);
+  for (int L : prefill_lens) {
+    if (L > s.max_position) continue;
+    const npusim::PassPrediction p = npusim::predict_prefill(npu.plan(), s, npu.device(), L);
+    out["predicted_prefill"].push_back({{"prompt_len", L}, {"ms", p.total_us / 1e3}, {"tokens_per_s", L / (p.total_us / 1e6)},
+                                        {"npu_dispatches", p.npu_dispatches}});
+    say(fmt::format("  prefill {:>4} tokens: {:9.2f} ms predicted ({:.0f} tok/s; {} NPU dispatches)", L, p.total_us / 1e3,
+                    L / (p.total_us / 1e6), p.npu_dispatches));
+  }
+  for (int C : lens) {
+    const npusim::PassPrediction p = npusim::predict_decode(npu.plan(), s, npu.device(), C);
+    out["predicted_decode"].push_back({{"context", C}, {"ms_per_token", p.total_us / 1e3},
+                                       {"tokens_per_s", 1e6 / p.total_us}, {"npu_dispatches", p.npu_dispatches}});
+    say(fmt::format("  decode at context {:>4}: {:7.3f} ms/token predicted ({:.1f} tok/s; {} NPU dispatches)", C,
+                    p.total_us / 1e3, 1e6 / p.total_us, p.npu_dispatches));
+  }
+  // The simulator's own speed: wall time of one functional decode step (every launch run
+  // tile by tile on this host), after a short prompt.
+  npu.reset();
+  npu.forward(std::span(ids).first(8), false);
+  std::vector<double> wall;
+  for (int r = 0; r < a.repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    npu.forward(std::span(ids).subspan(size_t(8 + r), 1), false);
+    wall.push_back(seconds_since(t0));
+  }
+  out["simulator_decode_step_s"] = median(wall);
+  say(fmt::format("  simulator speed: one functional decode step takes {:.3f} s of wall time here (median of {})",
+                  median(wall), wall.size()));
+  if (a.json) fmt::print("{}\n", out.dump(2));
+}
+
 void run_bench(const BenchArgs& a) {
   if (a.repeats < 1) fail("--repeats must be >= 1, got {}", a.repeats);
   if (a.decode_tokens < 1) fail("--decode-tokens must be >= 1, got {}", a.decode_tokens);
-  Executor ex = open_executor(a.model, a.target, a.threads, a.profile);
+  ExecutorOptions eo;
+  eo.target = a.target;
+  eo.threads = a.threads;
+  eo.profile = a.profile;
+  eo.plan_name = a.plan;
+  eo.device = a.device;
+  Executor ex = open_executor(a.model, eo);
   ModelRunner& runner = *ex.runner;
   const ModelSpec& s = runner.spec();
   std::vector<int> lens = a.prompt_lens.empty() ? std::vector<int>{128, 512} : a.prompt_lens;
@@ -71,6 +127,7 @@ void run_bench(const BenchArgs& a) {
   nlohmann::json out = {{"model", ex.model->path()}, {"source", ex.source}, {"target", runner.target()}, {"threads", threads},
                         {"repeats", a.repeats}};
   if (runner.target() == "cpu") out["isa"] = cpu::isa();
+  if (auto* npu = dynamic_cast<NpuSimRunner*>(&runner)) return bench_npusim(a, *npu, out, lens, ids);
 
   // Warm-up: the first touch of mapped weights and buffer growth are not throughput.
   runner.reset();
@@ -163,6 +220,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--threads", a->threads, "Worker threads (default: all cores)");
   cmd->add_flag("--json", a->json, "Print one JSON object instead of the table");
   cmd->add_flag("--no-bandwidth", a->no_bandwidth, "Skip the read-bandwidth measurement");
+  cmd->add_option("--plan", a->plan, "npusim: the plan to predict (baseline, naive, merged; default baseline)");
+  cmd->add_option("--device", a->device, "npusim: the device profile (default xdna2)");
   cmd->add_flag("--profile", a->profile, "cpu target: also report wall time per stage for decode (the last repeat)");
   cmd->callback([a] { run_bench(*a); });
 }

@@ -19,6 +19,8 @@ namespace {
 struct DeployArgs {
   std::string model;
   std::string target = "cpu";
+  std::string plan;
+  std::string device;
   std::string out;
   int from_phase = -1;
   std::vector<std::string> inject;
@@ -54,6 +56,8 @@ int run_deploy(const DeployArgs& a) {
   o.from_phase = a.from_phase;
   for (const std::string& f : a.inject) o.faults.insert(target_fault_info(a.target, f).name);
   o.threads = a.threads;
+  o.plan_name = a.plan;
+  o.device = a.device;
   o.reference_dir = a.reference;
   o.quiet = a.quiet;
   const DeployResult r = deploy(o);
@@ -93,6 +97,8 @@ void add_deploy_command(CLI::App& app) {
       "Exit status: 0 every gate passed, 3 a gate failed (diagnosis in DIR/issues.md), 1 bad input.");
   cmd->add_option("model", a->model, "Hugging Face directory or .gguf file (default: SmolLM2-135M-Instruct)");
   cmd->add_option("--target", a->target, fmt::format("Target: {}", fmt::join(target_names(), ", ")))->capture_default_str();
+  cmd->add_option("--plan", a->plan, "The target's named plan to start from (npusim: naive, merged; default: the target's own)");
+  cmd->add_option("--device", a->device, "Device profile of the target (npusim: xdna2 (default) or a profile JSON file)");
   cmd->add_option("--out", a->out, "Deployment directory (default: deployments/<model>-<target>)");
   cmd->add_option("--from-phase", a->from_phase, "Re-run from phase N (its results and later ones are discarded)");
   cmd->add_option("--inject", a->inject, inject_help());

@@ -14,5 +14,7 @@ void add_detokenize_command(CLI::App& app);
 void add_deploy_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
+void add_profile_command(CLI::App& app);
+void add_device_command(CLI::App& app);
 
 }  // namespace tessera::cli

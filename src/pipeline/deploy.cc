@@ -131,13 +131,23 @@ DeployResult deploy(const DeployOptions& opts) {
     const auto t0 = std::chrono::steady_clock::now();
     dep.set_phase(p.id, {{"status", "running"}, {"started", now_iso8601()}});
     PhaseOutcome o;
-    switch (p.id) {
-      case 0: o = run_phase0_oracle(ctx); break;
-      case 1: o = run_phase1_kernels(ctx); break;
-      case 2: o = run_phase2_block(ctx); break;
-      case 3: o = run_phase3_model(ctx); break;
-      case 6: o = run_phase6_integrate(ctx); break;
-      default: fail("internal: phase {} has no runner", p.id);
+    try {
+      switch (p.id) {
+        case 0: o = run_phase0_oracle(ctx); break;
+        case 1: o = run_phase1_kernels(ctx); break;
+        case 2: o = run_phase2_block(ctx); break;
+        case 3: o = run_phase3_model(ctx); break;
+        case 6: o = run_phase6_integrate(ctx); break;
+        default: fail("internal: phase {} has no runner", p.id);
+      }
+    } catch (const Error& e) {
+      // The target refused to run what the phase asked (npusim's checker refusing a
+      // mapping, a kernel without a mapping for a shape): the phase fails with the reason.
+      const std::string what = e.what();
+      o = PhaseOutcome{};
+      o.summary = "the target refused: " + what.substr(0, what.find('\n'));
+      o.diagnosis = "The target refused to run this phase's work:\n\n" + what;
+      o.details = {{"refused", what}};
     }
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     nlohmann::json rows = nlohmann::json::array();

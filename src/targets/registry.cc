@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "targets/cpu/cpu_runner.h"
+#include "targets/npusim/npusim_runner.h"
 #include "util/error.h"
 
 namespace tessera {
@@ -12,6 +13,7 @@ const std::vector<TargetDef>& target_defs() {
   // One entry per target (its header declares the *_target_def() function).
   static const std::vector<TargetDef> defs = {
       cpu_target_def(),
+      npusim_target_def(),
   };
   return defs;
 }

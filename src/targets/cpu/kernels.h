@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "targets/bf16_weights.h"
+
 namespace tessera::cpu {
 
 // The instruction set the kernels dispatch to on this machine, e.g. "avx512bf16",
@@ -45,11 +47,7 @@ class ThreadPool {
 };
 
 // A row-major BF16 matrix [rows, cols] (a Linear weight is [out_features, in_features]).
-struct Bf16Matrix {
-  const uint16_t* data = nullptr;
-  int64_t rows = 0;
-  int64_t cols = 0;
-};
+using Bf16Matrix = ::tessera::Bf16Matrix;  // targets/bf16_weights.h
 
 // y[T, N] = x[T, K] . W[N, K]^T (+ bias[N]); T == 1 is the decode GEMV.
 void matmul(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -42,6 +43,7 @@ const char* const kRequired[] = {
     "dma.bd_repeat_max", "dma.max_dims", "stream.bytes_per_cycle", "cascade.bits", "clock.hz",
     "compute.macs_per_cycle.bf16", "compute.vector_lanes_bf16", "compute.gemv_max_k",
     "ddr.npu_bytes_per_s", "ddr.system_bytes_per_s", "host.dispatch_us", "host.copy_bytes_per_s",
+    "host.flops_per_s", "host.read_bytes_per_s",
     "host.idle_after_s", "host.idle_wake_ms", "timing.efficiency.default", "timing.dma_efficiency"};
 
 constexpr std::string_view kMacsPrefix = "compute.macs_per_cycle.";
@@ -103,7 +105,9 @@ nlohmann::json Device::to_json() const {
   j["description"] = description;
   nlohmann::json figs = nlohmann::json::object();
   for (const auto& f : figures) {
-    nlohmann::json e = {{"value", f.value}, {"unit", f.unit}, {"source", f.source}};
+    nlohmann::json e = {{"unit", f.unit}, {"source", f.source}};
+    const bool whole = std::fabs(f.value) < 9e15 && f.value == std::floor(f.value);
+    e["value"] = whole ? nlohmann::json(int64_t(f.value)) : nlohmann::json(f.value);  // 8, not 8.0
     if (f.uncertain) e["uncertain"] = true;
     figs[f.key] = e;
   }
@@ -186,6 +190,8 @@ Device parse_device(const nlohmann::json& j, const std::string& origin) {
   d.system_ddr_bytes_per_s = positive("ddr.system_bytes_per_s");
   d.dispatch_us = num("host.dispatch_us");
   d.host_copy_bytes_per_s = positive("host.copy_bytes_per_s");
+  d.host_flops_per_s = positive("host.flops_per_s");
+  d.host_read_bytes_per_s = positive("host.read_bytes_per_s");
   d.idle_after_s = num("host.idle_after_s");
   d.idle_wake_ms = num("host.idle_wake_ms");
   d.dma_efficiency = positive("timing.dma_efficiency");

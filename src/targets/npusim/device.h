@@ -64,6 +64,9 @@ struct Device {
   double system_ddr_bytes_per_s = 0;  // the platform's
   double dispatch_us = 0;             // host cost of one dispatch (one XRT kernel call)
   double host_copy_bytes_per_s = 0;   // host-side buffer sync/copy rate
+  // Ops a plan leaves on the host CPU (softmax, decode attention, LM head) are priced at
+  // max(flops / host_flops_per_s, bytes read / host_read_bytes_per_s).
+  double host_flops_per_s = 0, host_read_bytes_per_s = 0;
   double idle_after_s = 0, idle_wake_ms = 0;
   // Timing model parameters (see timing.h): achieved fraction of the tile's peak per kernel
   // class ("gemm", "gemv", "attention", "eltwise", ... and "default"), and the fraction of

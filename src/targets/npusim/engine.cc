@@ -6,7 +6,6 @@
 #include <cstring>
 #include <set>
 
-#include "targets/cpu/kernels.h"
 #include "targets/npusim/checker.h"
 #include "util/error.h"
 #include "util/parallel.h"
@@ -231,7 +230,7 @@ struct LaunchState {
 
 struct Engine::Impl {
   Device device;
-  std::unique_ptr<cpu::ThreadPool> pool;
+  int threads = 1;
   std::map<std::string, KernelFn> kernels;
   std::map<std::string, LaunchState> state;
   std::map<std::string, std::vector<uint8_t>> device_buffers;  // "dispatch/buffer"
@@ -241,7 +240,7 @@ struct Engine::Impl {
 
 Engine::Engine(Device device, int threads) : impl_(std::make_unique<Impl>()) {
   impl_->device = std::move(device);
-  impl_->pool = std::make_unique<cpu::ThreadPool>(threads > 0 ? threads : default_threads());
+  impl_->threads = threads > 0 ? threads : default_threads();
 }
 
 Engine::~Engine() = default;
@@ -282,8 +281,9 @@ void Engine::run(const Launch& l, const Bindings& ddr) {
     s.esize = elem_bytes(f.type);
     s.base = static_cast<uint8_t*>(t.data);
     for (const auto& p : f.ddr) {
+      if (p.elements() == 0) continue;  // an empty BD moves nothing
       const auto [lo, hi] = p.extent();
-      if (p.elements() > 0 && (lo < 0 || hi >= t.elems))
+      if (lo < 0 || hi >= t.elems)
         fail("npusim: launch {}: fifo {} pattern ({}) reaches elements [{}, {}] of '{}', which has {}", l.name, f.name,
              p.describe(), lo, hi, f.tensor, t.elems);
       s.bds.push_back(normalize(p, s.total));
@@ -353,15 +353,11 @@ void Engine::run(const Launch& l, const Bindings& ddr) {
              "never finish",
              l.name, l.workers[w].name, to_string(l.workers[w].tile), e->released, e->objects, e->fifo->name);
   };
-  if (l.workers.size() <= 1 || im.pool->size() <= 1) {
-    for (size_t w = 0; w < l.workers.size(); ++w) run_worker(w);
-  } else {
-    im.pool->parallel_for(int64_t(l.workers.size()),
-                          [&](int64_t b, int64_t e) {
-                            for (int64_t w = b; w < e; ++w) run_worker(size_t(w));
-                          },
-                          1);
-  }
+  // Workers only meet in DDR (disjoint regions for a correct mapping), so they run in
+  // parallel; contiguous chunks of workers per thread (util/parallel.h rethrows errors).
+  parallel_for(int64_t(l.workers.size()), im.threads, [&](int64_t b, int64_t e) {
+    for (int64_t w = b; w < e; ++w) run_worker(size_t(w));
+  });
   ++st.runs;
   ++im.launches;
 }

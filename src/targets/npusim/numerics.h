@@ -22,6 +22,11 @@
 
 namespace tessera::npusim {
 
+// The scalar conversions (util/half.h) next to the array ones below, so that an unqualified
+// bf16_to_f32(x) inside this namespace finds both overloads instead of only the arrays.
+using tessera::bf16_to_f32;
+using tessera::f32_to_bf16;
+
 // bf16 round-to-nearest-even, as when a value leaves the accumulator for a bf16 register.
 inline float round_bf16(float x) { return tessera::bf16_to_f32(tessera::f32_to_bf16(x)); }
 
@@ -59,6 +64,9 @@ inline constexpr double kSiluRelBound = 6e-3;
 // vectorizes them: the engine must run a Llama-1B decode step in well under 2 s.
 void bf16_to_f32(const uint16_t* in, float* out, int64_t n);
 void f32_to_bf16(const float* in, uint16_t* out, int64_t n);  // round-to-nearest-even
+// The same under names that cannot be mistaken for the scalar conversions.
+inline void bf16_to_f32_array(const uint16_t* in, float* out, int64_t n) { bf16_to_f32(in, out, n); }
+inline void f32_to_bf16_array(const float* in, uint16_t* out, int64_t n) { f32_to_bf16(in, out, n); }
 // sum_i a[i] * b[i] in fp32 over 32 lane accumulators (the bf16 vector width), then reduced.
 float dot_bf16(const uint16_t* a, const uint16_t* b, int64_t n);
 // C[m, n] += A[m, k] * B[k, n], all row-major with leading dimensions k, n, n; bf16 operands,

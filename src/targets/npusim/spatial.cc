@@ -40,7 +40,7 @@ int64_t AccessPattern::elements() const {
 
 std::pair<int64_t, int64_t> AccessPattern::extent() const {
   int64_t lo = offset, hi = offset;
-  for (size_t d = 0; d < sizes.size(); ++d) {
+  for (size_t d = 0; d < std::min(sizes.size(), strides.size()); ++d) {  // mismatches: the checker's
     if (sizes[d] <= 0) return {offset, offset};
     const int64_t span = (sizes[d] - 1) * strides[d];
     (span < 0 ? lo : hi) += span;

@@ -1,0 +1,264 @@
+#include "targets/layered_runner.h"
+
+#include <fmt/format.h>
+
+#include <string_view>
+
+#include "oracle/ops.h"
+#include "util/error.h"
+
+namespace tessera {
+
+namespace {
+void grow(std::vector<float>& v, int64_t n) {
+  if (int64_t(v.size()) < n) v.resize(size_t(n));
+}
+}  // namespace
+
+LayeredRunner::LayeredRunner(const Model& model, FaultSet faults, std::set<Stage> oracle_stages, bool profile)
+    : model_(model), faults_(std::move(faults)), oracle_stages_(std::move(oracle_stages)), profile_(profile) {
+  const ModelSpec& s = model.spec();
+  layers_.reserve(size_t(s.n_layers));
+  for (int64_t l = 0; l < s.n_layers; ++l) layers_.push_back(load_layer_params(model, l));
+  final_norm_ = model.get("model.norm.weight").to_f32();
+  inv_freq_ = oracle::rope_inv_freq(s);
+  ModelSpec unscaled = s;
+  unscaled.rope_scaling = RopeScaling{};
+  unscaled.rope_freq_factors.clear();
+  inv_freq_unscaled_ = oracle::rope_inv_freq(unscaled);
+}
+
+const LayerParams& LayeredRunner::layer(int64_t l) const {
+  if (l < 0 || l >= int64_t(layers_.size())) fail("{} target: no layer {}", target(), l);
+  return layers_[size_t(l)];
+}
+
+const std::vector<float>& LayeredRunner::norm_weight(Stage which, int64_t l) const {
+  switch (which) {
+    case Stage::FinalNorm: return final_norm_;
+    case Stage::AttnNorm: return layer(l).attn_norm;
+    case Stage::MlpNorm: return layer(l).mlp_norm;
+    default: fail("{} target: stage '{}' is not an rmsnorm", target(), stage_name(which));
+  }
+}
+
+void LayeredRunner::reset(int64_t start_position) {
+  if (start_position < 0 || start_position >= spec().max_position)
+    fail("{} target: start position {} is outside the model's context of {}", target(), start_position,
+         spec().max_position);
+  position_ = base_ = start_position;
+}
+
+void LayeredRunner::truncate(int64_t positions) {
+  if (positions < base_ || positions > position_)
+    fail("{} target: cannot truncate {} cached positions to {}", target(), position_, positions);
+  position_ = positions;  // later writes overwrite the dropped rows
+}
+
+void LayeredRunner::count(Stage s) {
+  (by_oracle(s) ? oracle_calls_ : target_calls_)[size_t(s)]++;
+  if (profile_) lap(s);
+}
+
+void LayeredRunner::lap(Stage next) {
+  // Stages run back to back, so the time since the last lap belongs to the stage before.
+  const auto now = std::chrono::steady_clock::now();
+  if (current_ != Stage::Count) stage_seconds_[size_t(current_)] += std::chrono::duration<double>(now - last_lap_).count();
+  current_ = next;
+  last_lap_ = now;
+}
+
+std::map<std::string, double> LayeredRunner::stage_seconds() const {
+  std::map<std::string, double> out;
+  for (int i = 0; i < kStageCount; ++i)
+    if (stage_seconds_[size_t(i)] > 0) out[stage_name(Stage(i))] = stage_seconds_[size_t(i)];
+  return out;
+}
+
+std::map<std::string, int64_t> LayeredRunner::op_counters() const {
+  std::map<std::string, int64_t> out;
+  for (int i = 0; i < kStageCount; ++i) {
+    if (target_calls_[size_t(i)]) out[stage_name(Stage(i))] = target_calls_[size_t(i)];
+    if (oracle_calls_[size_t(i)]) out[std::string("oracle:") + stage_name(Stage(i))] = oracle_calls_[size_t(i)];
+  }
+  return out;
+}
+
+// --- the ops: the oracle's twin when the stage is swapped, else the target's kernel -------
+
+void LayeredRunner::op_embedding(const int32_t* ids, int64_t T, float* out) {
+  if (!by_oracle(Stage::Embedding)) return kernel_embedding(ids, T, out);
+  const Weight& embed = model_.get("model.embed_tokens.weight");
+  for (int64_t t = 0; t < T; ++t) embed.row_f32(ids[t], out + t * spec().hidden);
+}
+
+void LayeredRunner::op_rmsnorm(Stage which, int64_t l, const float* x, int64_t T, float* out) {
+  const std::vector<float>& w = norm_weight(which, l);
+  if (by_oracle(which)) oracle::rmsnorm(x, w.data(), out, T, spec().hidden, spec().rms_eps);
+  else kernel_rmsnorm(which, l, w.data(), x, T, out);
+}
+
+void LayeredRunner::op_linear(Stage s, const float* x, int64_t T, const std::string& weight,
+                              const std::vector<float>& bias, float* y) {
+  const float* b = bias.empty() ? nullptr : bias.data();
+  if (by_oracle(s)) oracle::linear(x, T, model_.get(weight), b, y, oracle_threads());
+  else kernel_linear(s, x, T, weight, b, y);
+}
+
+void LayeredRunner::op_rope(int64_t l, float* q, float* k, int64_t T, int64_t pos) {
+  if (!by_oracle(Stage::Rope)) return kernel_rope(l, q, k, T, pos);
+  const ModelSpec& s = spec();
+  const LayerParams& L = layer(l);
+  if (s.qk_norm) {
+    oracle::rmsnorm(q, L.q_norm.data(), q, T * s.n_heads, s.head_dim, s.rms_eps);
+    oracle::rmsnorm(k, L.k_norm.data(), k, T * s.n_kv_heads, s.head_dim, s.rms_eps);
+  }
+  oracle::rope(q, T, s.n_heads, s.head_dim, pos, inv_freq_);
+  oracle::rope(k, T, s.n_kv_heads, s.head_dim, pos, inv_freq_);
+}
+
+void LayeredRunner::op_kv_write(int64_t l, int64_t rel, const float* k, const float* v, int64_t T) {
+  if (by_oracle(Stage::KvWrite)) kv_store(l, rel, k, v, T);
+  else kernel_kv_write(l, rel, k, v, T);
+}
+
+void LayeredRunner::op_attention(int64_t l, const float* q, int64_t T, int64_t rel, float* out) {
+  if (!by_oracle(Stage::Attention)) return kernel_attention(l, q, T, rel, out);
+  const int64_t KV = spec().kv_dim(), ctx = rel + T;
+  grow(scratch_, 2 * ctx * KV);
+  float *kk = scratch_.data(), *vv = scratch_.data() + ctx * KV;
+  kv_read(l, 0, ctx, kk, vv);
+  oracle::attention(q, T, rel, kk, vv, spec(), out, oracle_threads());
+}
+
+void LayeredRunner::op_silu_mul(const float* gate, const float* up, int64_t T, float* out) {
+  if (by_oracle(Stage::SiluMul)) oracle::silu_mul(gate, up, out, T * spec().intermediate);
+  else kernel_silu_mul(gate, up, T, out);
+}
+
+void LayeredRunner::op_add(Stage which, float* acc, const float* x, int64_t T) {
+  if (!by_oracle(which)) return kernel_add(which, acc, x, T);
+  const int64_t n = T * spec().hidden;
+  for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
+}
+
+// --- the forward pass ----------------------------------------------------------------------
+
+void LayeredRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& probe, ProbeLevel level) {
+  const ModelSpec& s = spec();
+  const LayerParams& L = layers_[size_t(l)];
+  const int64_t H = s.hidden, Q = s.q_dim(), KV = s.kv_dim(), I = s.intermediate;
+  const std::string p = probe ? fmt::format("layers.{}.", l) : std::string();
+  auto emit = [&](ProbeLevel needed, std::string_view name, const float* data, int64_t cols) {
+    if (probe && level >= needed) probe(p + std::string(name), data, T, cols);
+  };
+  float *x = x_.data(), *q = q_.data(), *k = k_.data(), *v = v_.data(), *attn = attn_.data(), *o = o_.data();
+  float *gate = gate_.data(), *up = up_.data(), *act = act_.data(), *down = down_.data();
+
+  count(Stage::AttnNorm);
+  op_rmsnorm(Stage::AttnNorm, l, h, T, x);
+  emit(ProbeLevel::All, "attn_norm", x, H);
+
+  count(Stage::QkvProj);
+  op_linear(Stage::QkvProj, x, T, L.q->name, L.q_bias, q);
+  op_linear(Stage::QkvProj, x, T, L.k->name, L.k_bias, k);
+  op_linear(Stage::QkvProj, x, T, L.v->name, L.v_bias, v);
+
+  count(Stage::Rope);
+  op_rope(l, q, k, T, position_);
+  emit(ProbeLevel::All, "q", q, Q);
+  emit(ProbeLevel::All, "k", k, KV);
+  emit(ProbeLevel::All, "v", v, KV);
+
+  const int64_t rel = position_ - base_;  // the cache holds positions [base_, position_)
+  count(Stage::KvWrite);
+  op_kv_write(l, rel, k, v, T);
+  count(Stage::Attention);
+  op_attention(l, q, T, rel, attn);
+  emit(ProbeLevel::All, "attn", attn, Q);
+
+  count(Stage::OProj);
+  op_linear(Stage::OProj, attn, T, L.o->name, L.o_bias, o);
+  emit(ProbeLevel::All, "o_proj", o, H);
+  count(Stage::AttnResidual);
+  op_add(Stage::AttnResidual, h, o, T);
+  emit(ProbeLevel::All, "attn_residual", h, H);
+
+  count(Stage::MlpNorm);
+  op_rmsnorm(Stage::MlpNorm, l, h, T, x);
+  emit(ProbeLevel::All, "mlp_norm", x, H);
+  count(Stage::GateUpProj);
+  op_linear(Stage::GateUpProj, x, T, L.gate->name, L.gate_bias, gate);
+  op_linear(Stage::GateUpProj, x, T, L.up->name, L.up_bias, up);
+  emit(ProbeLevel::All, "gate", gate, I);
+  emit(ProbeLevel::All, "up", up, I);
+  count(Stage::SiluMul);
+  op_silu_mul(gate, up, T, act);
+  emit(ProbeLevel::All, "act", act, I);
+  count(Stage::DownProj);
+  op_linear(Stage::DownProj, act, T, L.down->name, L.down_bias, down);
+  emit(ProbeLevel::All, "down", down, H);
+  count(Stage::MlpResidual);
+  op_add(Stage::MlpResidual, h, down, T);
+  emit(ProbeLevel::Layers, "out", h, H);
+}
+
+void LayeredRunner::forward_layers(float* h, int64_t T, int64_t n_layers, const ProbeFn& probe, ProbeLevel level) {
+  const ModelSpec& s = spec();
+  if (T <= 0) fail("{} target: no tokens to run", target());
+  if (n_layers < 0 || n_layers > s.n_layers)
+    fail("{} target: {} layers requested, the model has {}", target(), n_layers, s.n_layers);
+  if (position_ + T > s.max_position)
+    fail("{} target: {} tokens at position {} exceed the model's context of {}", target(), T, position_, s.max_position);
+  begin_step(T);
+  grow(x_, T * s.hidden);
+  grow(q_, T * s.q_dim());
+  grow(k_, T * s.kv_dim());
+  grow(v_, T * s.kv_dim());
+  grow(attn_, T * s.q_dim());
+  grow(o_, T * s.hidden);
+  grow(gate_, T * s.intermediate);
+  grow(up_, T * s.intermediate);
+  grow(act_, T * s.intermediate);
+  grow(down_, T * s.hidden);
+  for (int64_t l = 0; l < n_layers; ++l) run_layer(l, h, T, probe, level);
+  position_ += T;
+}
+
+std::vector<float> LayeredRunner::forward(std::span<const int32_t> ids, bool all_logits, const ProbeFn& probe,
+                                          ProbeLevel level) {
+  const ModelSpec& s = spec();
+  const int64_t T = int64_t(ids.size());
+  if (T == 0) fail("{} target: no tokens to run", target());
+  for (int32_t id : ids)
+    if (id < 0 || id >= s.vocab) fail("{} target: token id {} is outside the vocabulary [0, {})", target(), id, s.vocab);
+  const int64_t H = s.hidden;
+  std::vector<float> h(size_t(T * H));
+  count(Stage::Embedding);
+  op_embedding(ids.data(), T, h.data());
+  if (probe && level >= ProbeLevel::All) probe("embed", h.data(), T, H);
+
+  forward_layers(h.data(), T, s.n_layers, probe, level);
+
+  const int64_t rows = all_logits ? T : 1;
+  const float* last = h.data() + (T - rows) * H;
+  std::vector<float> x(size_t(rows * H));
+  count(Stage::FinalNorm);
+  op_rmsnorm(Stage::FinalNorm, -1, last, rows, x.data());
+  if (probe && level >= ProbeLevel::Layers) {
+    // The probe sees every position's final norm, as the oracle's does (not counted: the
+    // step itself normalizes only the rows whose logits it returns).
+    std::vector<float> all(size_t(T * H));
+    op_rmsnorm(Stage::FinalNorm, -1, h.data(), T, all.data());
+    probe("final_norm", all.data(), T, H);
+  }
+  std::vector<float> logits(size_t(rows * s.vocab));
+  count(Stage::LmHead);
+  static const std::vector<float> kNoBias;
+  op_linear(Stage::LmHead, x.data(), rows, model_.lm_head().name, kNoBias, logits.data());
+  if (probe && level >= ProbeLevel::Layers) probe("logits", logits.data(), rows, s.vocab);
+  if (profile_) lap(Stage::Count);
+  return logits;
+}
+
+}  // namespace tessera

@@ -1,0 +1,110 @@
+// The forward pass every target shares: embedding, the layers' stages in order, final norm
+// and LM head, the KV cache positions, the oracle's probe names, per-stage execution
+// counters and wall-time profile, and the per-stage swap to the oracle's kernel that phase
+// 2's bisect runs. A target derives from LayeredRunner and supplies its kernels (kernel_*)
+// and its KV cache; which kernel runs a stage (the target's or the oracle's twin) is
+// decided here, once, so every target swaps the same way.
+#pragma once
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "io/layer_params.h"
+#include "targets/staged_runner.h"
+
+namespace tessera {
+
+class LayeredRunner : public StagedRunner {
+ public:
+  // ModelRunner
+  const ModelSpec& spec() const override { return model_.spec(); }
+  std::vector<float> forward(std::span<const int32_t> ids, bool all_logits = true, const ProbeFn& probe = {},
+                             ProbeLevel level = ProbeLevel::None) override;
+  int64_t position() const override { return position_; }
+  void reset(int64_t start_position = 0) override;
+  void truncate(int64_t positions) override;
+  // Per stage: calls of the target's kernel ("attention") and of the oracle's twin
+  // ("oracle:attention"), counted by the forward pass (phase 1's direct op_* calls are not).
+  std::map<std::string, int64_t> op_counters() const override;
+
+  // StagedRunner
+  void forward_layers(float* h, int64_t T, int64_t n_layers, const ProbeFn& probe = {},
+                      ProbeLevel level = ProbeLevel::None) override;
+  void set_oracle_stages(std::set<Stage> stages) override { oracle_stages_ = std::move(stages); }
+  const std::set<Stage>& oracle_stages() const override { return oracle_stages_; }
+  // Each op runs the oracle's twin when its stage is swapped, else the target's kernel.
+  void op_embedding(const int32_t* ids, int64_t T, float* out) final;
+  void op_rmsnorm(Stage which, int64_t layer, const float* x, int64_t T, float* out) final;
+  void op_linear(Stage s, const float* x, int64_t T, const std::string& weight, const std::vector<float>& bias,
+                 float* y) final;
+  void op_rope(int64_t layer, float* q, float* k, int64_t T, int64_t pos) final;
+  void op_kv_write(int64_t layer, int64_t rel, const float* k, const float* v, int64_t T) final;
+  void op_attention(int64_t layer, const float* q, int64_t T, int64_t rel, float* out) final;
+  void op_silu_mul(const float* gate, const float* up, int64_t T, float* out) final;
+  void op_add(Stage which, float* acc, const float* x, int64_t T) final;
+
+  // With profiling on: wall seconds spent in each stage since construction (or clear).
+  std::map<std::string, double> stage_seconds() const;
+  void clear_profile() { stage_seconds_.fill(0); }
+
+ protected:
+  // Loads every layer's parameters, the final norm and the RoPE frequencies.
+  LayeredRunner(const Model& model, FaultSet faults, std::set<Stage> oracle_stages, bool profile);
+
+  bool fault(const char* name) const { return faults_.count(name) > 0; }
+  const FaultSet& faults() const { return faults_; }
+  const LayerParams& layer(int64_t l) const;
+  const std::vector<float>& norm_weight(Stage which, int64_t layer) const;
+  // Frequencies for RoPE; `unscaled` ignores the llama3 scaling (for a fault that forgets it).
+  const std::vector<float>& inv_freq(bool unscaled = false) const { return unscaled ? inv_freq_unscaled_ : inv_freq_; }
+  int64_t rel_position() const { return position_ - base_; }  // the KV cache row of the next token
+
+  // The target's kernels (injected faults are theirs to apply). Shapes as StagedRunner's op_*.
+  virtual void kernel_embedding(const int32_t* ids, int64_t T, float* out) = 0;
+  virtual void kernel_rmsnorm(Stage which, int64_t layer, const float* w, const float* x, int64_t T, float* out) = 0;
+  virtual void kernel_linear(Stage s, const float* x, int64_t T, const std::string& weight, const float* bias,
+                             float* y) = 0;
+  virtual void kernel_rope(int64_t layer, float* q, float* k, int64_t T, int64_t pos) = 0;  // + Qwen3 q/k norm
+  // The KV cache write itself (the target's storage, no faults): the oracle swap of the
+  // kv_write stage uses it too. kernel_kv_write is the target's kernel around it.
+  virtual void kv_store(int64_t layer, int64_t rel, const float* k, const float* v, int64_t T) = 0;
+  virtual void kernel_kv_write(int64_t layer, int64_t rel, const float* k, const float* v, int64_t T) {
+    kv_store(layer, rel, k, v, T);
+  }
+  virtual void kernel_attention(int64_t layer, const float* q, int64_t T, int64_t rel, float* out) = 0;
+  virtual void kernel_silu_mul(const float* gate, const float* up, int64_t T, float* out) = 0;
+  virtual void kernel_add(Stage which, float* acc, const float* x, int64_t T) = 0;
+  // Host threads the oracle's twins may use.
+  virtual int oracle_threads() const { return 0; }
+  // Called once per forward pass / forward_layers call before any stage runs, with the
+  // number of tokens (a target may price or group the step it is about to run).
+  virtual void begin_step(int64_t T) {}
+
+  const Model& model_;
+
+ private:
+  void run_layer(int64_t l, float* h, int64_t T, const ProbeFn& probe, ProbeLevel level);
+  bool by_oracle(Stage s) const { return oracle_stages_.count(s) > 0; }
+  void count(Stage s);
+  void lap(Stage next);
+
+  FaultSet faults_;
+  std::set<Stage> oracle_stages_;
+  bool profile_ = false;
+  std::vector<LayerParams> layers_;
+  std::vector<float> final_norm_;
+  std::vector<float> inv_freq_, inv_freq_unscaled_;
+  int64_t position_ = 0, base_ = 0;
+  std::array<int64_t, kStageCount> target_calls_{}, oracle_calls_{};
+  std::array<double, kStageCount> stage_seconds_{};
+  Stage current_ = Stage::Count;
+  std::chrono::steady_clock::time_point last_lap_;
+  // Working buffers, grown to the largest T seen.
+  std::vector<float> x_, q_, k_, v_, attn_, o_, gate_, up_, act_, down_, scratch_;
+};
+
+}  // namespace tessera

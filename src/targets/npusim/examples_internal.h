@@ -1,0 +1,26 @@
+// Small example mappings that prove the engine and shape the calibration points: an
+// element-wise add over columns. Not part of the kernel set (that lives in mappings_*.h).
+#pragma once
+#include <cstdint>
+
+#include "targets/npusim/device.h"
+#include "targets/npusim/spatial.h"
+
+namespace tessera::npusim {
+
+class Engine;
+
+// Z = X + Y over n bf16 elements on `columns` workers (tile (c, first compute row)), each
+// taking a contiguous n / columns segment in objects of `chunk` elements; X, Y filled and Z
+// drained through the column's shim and memory tile. resident_x marks X resident (only
+// correct if X never changes between calls: the stale-buffer example).
+Launch example_add_launch(int64_t n, int columns, int64_t chunk, const Device& device, bool resident_x = false,
+                          int depth = 2);
+// y[N] = W[N, K] . x[K] (W row-major, a Linear weight) on `columns` workers, each taking
+// N / columns rows in objects of `rows_per_object` rows; x is broadcast to every worker
+// through the first column's memory tile and held for the whole launch; y is bf16.
+Launch example_gemv_launch(int64_t N, int64_t K, int columns, int64_t rows_per_object, const Device& device);
+// Registers "example_add_bf16" (z = bf16(x + y)) and "example_gemv_bf16" (fp32 dot over 32 lanes).
+void register_example_kernels(Engine& engine);
+
+}  // namespace tessera::npusim

@@ -1,0 +1,186 @@
+// GEMV (decode projections and the LM head) and the GEMM defaults for helper-11's GEMM
+// mapping. See mappings.h for the layout.
+#include <fmt/format.h>
+
+#include "targets/npusim/mappings.h"
+#include "util/error.h"
+
+namespace tessera::npusim {
+
+namespace {
+
+// L1 bytes one GEMV worker needs with blocks of rb rows x kc (W depth dw).
+int64_t gemv_l1(int64_t rb, int64_t kc, int64_t dw) {
+  return dw * rb * kc * 2   // W
+         + 2 * kc * 2       // X
+         + 2 * rb * 4       // Y (the fp32 accumulator)
+         + 1024;            // stack
+}
+
+int64_t k_chunks(int64_t K, const Device& d) {
+  int64_t kc_n = std::max<int64_t>(1, (K + d.gemv_max_k - 1) / std::max<int64_t>(1, d.gemv_max_k));
+  while (K % kc_n) ++kc_n;
+  return kc_n;
+}
+
+}  // namespace
+
+GemvTiles default_gemv_tiles(const GemvShape& s, const Device& d, bool resident) {
+  GemvTiles t;
+  t.herd = herd_for(s.N, d);
+  const int64_t rw = s.N / t.herd.size();  // rows per worker
+  if (resident) {  // the whole slice in one block; its K chunks are the objects (depth = their count)
+    t.rb = rw;
+    t.kc = s.K / k_chunks(s.K, d);
+    return t;
+  }
+  for (int64_t kn = k_chunks(s.K, d); kn <= s.K; ++kn) {
+    if (s.K % kn) continue;
+    t.kc = s.K / kn;
+    // Largest row block that fits, at most 16 Ki elements per object.
+    for (int64_t rb = rw; rb >= 1; --rb) {
+      if (rw % rb || rb * t.kc > 16384) continue;
+      if (gemv_l1(rb, t.kc, 2) <= d.l1_bytes) {
+        t.rb = rb;
+        return t;
+      }
+    }
+  }
+  t.rb = 1;
+  t.kc = s.K;
+  return t;
+}
+
+bool gemv_fits_resident(const GemvShape& s, const Device& d) {
+  const GemvTiles t = default_gemv_tiles(s, d, true);
+  return gemv_l1(t.rb, t.kc, s.K / t.kc) <= d.l1_bytes;
+}
+
+Launch gemv_launch(const GemvShape& s, const GemvTiles& tin, const Device& d, const GemvOptions& o) {
+  GemvTiles t = tin;
+  if (t.herd.size() <= 0 || t.herd.cols <= 0) t.herd = herd_for(s.N, d);
+  const GemvTiles def = default_gemv_tiles(s, d, o.resident);
+  if (t.kc <= 0) t.kc = def.kc;
+  const Herd h = t.herd;
+  const int64_t nw = h.size();
+  if (s.N <= 0 || s.K <= 0) fail("gemv mapping: bad shape {}x{}", s.N, s.K);
+  if (h.cols > d.columns || h.rows > d.compute_rows())
+    fail("gemv mapping: a {}x{} herd does not fit {} ({} columns x {} compute rows)", h.cols, h.rows, d.name,
+         d.columns, d.compute_rows());
+  if (s.N % nw) fail("gemv mapping: N {} is not a multiple of the herd's {} workers", s.N, nw);
+  const int64_t rw = s.N / nw;
+  if (t.rb <= 0) t.rb = o.resident ? rw : def.rb;
+  if (o.faults.l1_overflow) t.rb = rw;  // one tile holding the worker's whole slice
+  if (rw % t.rb || s.K % t.kc)
+    fail("gemv mapping: {}x{} is not a whole number of tiles (rows per worker {} by rb {}, K by kc {})", s.N, s.K, rw,
+         t.rb, t.kc);
+  const int64_t rb = t.rb, kc = t.kc, KC = s.K / kc, NB = rw / rb, N = s.N, K = s.K, R = h.rows;
+  const bool x_once = KC == 1;
+
+  Launch l;
+  l.name = o.name;
+  l.kernel = fmt::format("gemv {}x{}, tiles rb={} kc={}{}", N, K, rb, kc, o.resident ? ", W resident" : "");
+  l.herd_cols = h.cols;
+  l.herd_rows = h.rows;
+  l.loop_order = fmt::format("for {} row blocks: y = 0; for {} k chunks: y[rb] += W[rb, kc] . x[kc]; drain y", NB, KC);
+  for (int c = 0; c < h.cols; ++c)
+    for (int r = 0; r < h.rows; ++r) {
+      Worker w = detail::make_worker(fmt::format("gemv_{}_{}", c, r), {c, d.first_compute_row + r}, "gemv_bf16");
+      w.cost = {"gemv", "bf16", rw * K, rw * KC, NB * KC};
+      w.params = {{"rb", rb},         {"kc", kc},         {"k", kc},
+                  {"k_chunks", KC},   {"blocks", NB},     {"x_once", x_once},
+                  {"w_fifo", fmt::format("{}{}", o.w, c)}, {"x_fifo", o.x}, {"y_fifo", fmt::format("{}{}", o.y, c)}};
+      l.workers.push_back(std::move(w));
+    }
+  // W: column c's object (b, q) = rows [(b*nw + c*R)*rb, +R*rb) x K chunk q, split by rows.
+  for (int c = 0; c < h.cols; ++c) {
+    ObjectFifo f;
+    f.name = fmt::format("{}{}", o.w, c);
+    f.kind = R > 1 ? FifoKind::Split : FifoKind::Forward;
+    f.tensor = o.w;
+    f.shim = {c, d.shim_row};
+    f.memtile = Tile{c, d.mem_row};
+    f.object_elems = R * rb * kc;
+    f.depth = o.resident ? int(NB * KC) : 2;
+    f.resident = o.resident;
+    if (o.faults.transposed_pattern)  // element (n, k) read at k*N + n: W walked as if [K, N]
+      f.ddr = bd_chain(c * R * rb, {NB, KC, R * rb, kc}, {nw * rb, kc * N, 1, N}, d.max_dims);
+    else
+      f.ddr = bd_chain(c * R * rb * K, {NB, KC, R * rb, kc}, {nw * rb * K, kc, K, 1}, d.max_dims);
+    f.ends = detail::column_ends(h, c, d, rb * kc);
+    if (f.kind == FifoKind::Forward) f.ends[0].elems = 0;
+    if (o.faults.bd_exhaustion) detail::apply_fifo_faults(f, {.bd_exhaustion = true}, d);
+    l.fifos.push_back(std::move(f));
+  }
+  {  // x: broadcast from column 0, one object per K chunk (re-sent per row block when split)
+    ObjectFifo f;
+    f.name = o.x;
+    f.tensor = o.x;
+    f.shim = {0, d.shim_row};
+    f.memtile = Tile{0, d.mem_row};
+    f.object_elems = kc;
+    f.depth = 2;
+    f.ddr = x_once ? std::vector<AccessPattern>{AccessPattern::contiguous(0, K)} : bd_chain(0, {NB, K}, {0, 1}, d.max_dims);
+    f.ends = detail::all_ends(h, d);
+    f.kind = f.ends.size() > 1 ? FifoKind::Broadcast : FifoKind::Forward;
+    if (o.faults.stale_buffer) detail::apply_fifo_faults(f, {.stale_buffer = true}, d);
+    l.fifos.push_back(std::move(f));
+  }
+  for (int c = 0; c < h.cols; ++c) {  // y: column c's object b = rows [(b*nw + c*R)*rb, +R*rb)
+    ObjectFifo f;
+    f.name = fmt::format("{}{}", o.y, c);
+    f.dir = FifoDir::Drain;
+    f.kind = R > 1 ? FifoKind::Join : FifoKind::Forward;
+    f.type = ElemType::F32;
+    f.tensor = o.y;
+    f.shim = {c, d.shim_row};
+    f.memtile = Tile{c, d.mem_row};
+    f.object_elems = R * rb;
+    f.depth = 2;
+    f.ddr = bd_chain(c * R * rb, {NB, R * rb}, {nw * rb, 1}, d.max_dims);
+    f.ends = detail::column_ends(h, c, d, rb);
+    if (f.kind == FifoKind::Forward) f.ends[0].elems = 0;
+    l.fifos.push_back(std::move(f));
+  }
+  return l;
+}
+
+GemmPlan default_gemm_plan(int64_t M, int64_t K, int64_t N, const Device& d, ElemType c_type) {
+  const int64_t cb = elem_bytes(c_type);
+  const int64_t cand[] = {64, 32, 16, 8};
+  GemmPlan best;
+  int64_t best_score = -1;
+  for (int gn = d.columns; gn >= 1; --gn) {
+    for (int64_t n : cand) {
+      if (N % (gn * n)) continue;
+      for (int64_t k : cand) {
+        if (K % k) continue;
+        for (int gm = d.compute_rows(); gm >= 1; --gm) {
+          for (int64_t m : cand) {
+            const int64_t l1 = 2 * m * k * 2 + 2 * k * n * 2 + 2 * m * n * cb + 1024;
+            if (l1 > d.l1_bytes) continue;
+            const int64_t Mp = (M + gm * m - 1) / (gm * m) * (gm * m);
+            // Prefer: little padding, many workers, big tiles.
+            const int64_t score = (1 << 30) / Mp * 1000 + int64_t(gn) * gm * 64 + m * n / 16 + k;
+            if (score > best_score) {
+              best_score = score;
+              best.shape = {Mp, K, N};
+              best.tiles = {m, k, n, k};
+              best.herd = {gn, gm, true};
+            }
+          }
+        }
+      }
+    }
+  }
+  if (best_score < 0) fail("gemm mapping: no tiles fit {}x{}x{} on {}", M, K, N, d.name);
+  // Larger L2 K blocks where K allows (fewer, longer DMA transfers), as the measured mapping.
+  for (int64_t kl2 : {256, 128, 64})
+    if (kl2 > best.tiles.k && K % kl2 == 0 && kl2 % best.tiles.k == 0) {
+      best.tiles.k_l2 = kl2;
+      break;
+    }
+  return best;
+}
+
+}  // namespace tessera::npusim
