@@ -60,7 +60,9 @@ TEST_P(NpusimDeployTiny, EveryGatePassesWithNothingOnTheHost) {
 
 std::vector<std::string> npusim_presets() {
 #ifdef TESSERA_SANITIZED
-  return {"Llama-3.2-1B", "Qwen2.5-0.5B", "Qwen3-0.6B"};  // one per family
+  // Several times slower under ASan/UBSan: one preset here; the naive-plan and fault tests
+  // cover the other code paths, and the Release run deploys all eleven.
+  return {"Llama-3.2-1B"};
 #else
   std::vector<std::string> names;
   for (const Preset& p : presets()) names.push_back(p.name);
@@ -79,6 +81,12 @@ TEST(NpusimDeploy, DefaultModelDeploys) {
   ScratchDir out("npusim_default");
   auto r = run_tessera("deploy --target npusim --out " + out.str("dep") + " --quiet");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  // README command 1 shows the predicted figures (and says they are predictions).
+  EXPECT_NE(r.out.find("predicted on xdna2 (plan baseline; the timing model, not a measurement): prefill 2048 tokens"),
+            std::string::npos)
+      << r.out;
+  const nlohmann::json report = read_json_file(out.path() / "dep" / "report.json");
+  EXPECT_GT(report["figures"]["predicted"]["decode_ms_per_token"].get<double>(), 0) << report.dump();
   EXPECT_EQ(slurp(out.path() / "dep" / "gates.md").find("| FAIL |"), std::string::npos);
 }
 
@@ -101,6 +109,9 @@ TEST(NpusimDeploy, NaivePlanListsItsHostOpsAndCountsThem) {
 }
 
 TEST(NpusimDeploy, MergedPlanPasses) {
+#ifdef TESSERA_SANITIZED
+  GTEST_SKIP() << "the Release run's (a full deploy is slow under sanitizers; the pieces are covered there)";
+#endif
   ScratchDir out("npusim_merged");
   const DeployResult r = deploy(npusim_options("Qwen2.5-0.5B", out.str("dep"), "merged"));
   ASSERT_TRUE(r.pass) << "phase " << r.failed_phase << ": " << r.diagnosis;
@@ -159,6 +170,9 @@ TEST(NpusimPredict, MergedBeatsNaiveOnFullSizeLlama1B) {
 
 // `tessera profile` and `tessera bench --target npusim` on a deployment.
 TEST(NpusimDeploy, ProfileAndBenchPrintPredictions) {
+#ifdef TESSERA_SANITIZED
+  GTEST_SKIP() << "the Release run's (a full deploy is slow under sanitizers; the pieces are covered there)";
+#endif
   ScratchDir out("npusim_profile");
   ASSERT_TRUE(deploy(npusim_options("Llama-3.2-1B", out.str("dep"), "merged")).pass);
   auto p = run_tessera("profile " + out.str("dep"));

@@ -77,6 +77,23 @@ int run_deploy(const DeployArgs& a) {
     fmt::print("| {} | {} | {} | {} | {} |\n", p.id, p.name, rec.value("status", "pending"), counts, rec.value("summary", ""));
   }
   fmt::print("\nEvery gate row, with the thresholds it was held to: {}/gates.md\n", o.out_dir);
+  // The target's speed: measured on the cpu (phase 6's short prompts), predicted on npusim.
+  if (std::filesystem::exists(dep.file("phase6.json"))) {
+    const nlohmann::json details = read_json_file(dep.file("phase6.json")).value("details", nlohmann::json::object());
+    if (details.contains("target_predicted")) {
+      const nlohmann::json& f = details["target_predicted"];
+      fmt::print("predicted on {} (plan {}; the timing model, not a measurement): prefill {} tokens {:.1f} ms ({:.0f} tok/s), "
+                 "decode at {} context {:.2f} ms/token ({:.1f} tok/s)\n",
+                 f["device"].get<std::string>(), f["plan"].get<std::string>(), f["prefill_tokens"].get<int64_t>(),
+                 f["prefill_ms"].get<double>(), f["prefill_tokens_per_s"].get<double>(), f["decode_context"].get<int64_t>(),
+                 f["decode_ms_per_token"].get<double>(), f["decode_tokens_per_s"].get<double>());
+    } else if (details.contains("target_timing")) {
+      const nlohmann::json& f = details["target_timing"];
+      fmt::print("measured on {} during phase 6 (short prompts; `tessera bench` measures properly): prefill {:.0f} tok/s, "
+                 "decode {:.1f} tok/s\n",
+                 o.target, f["prefill_tokens_per_s"].get<double>(), f["decode_tokens_per_s"].get<double>());
+    }
+  }
   if (r.pass) {
     fmt::print("\ndeployment ready: {} (run it with `tessera run {} --prompt ...`)\n", o.out_dir, o.out_dir);
     return 0;

@@ -89,6 +89,7 @@ void write_report(Deployment& dep) {
       r["gates_passed"] = passed;
       r["gates_total"] = j["gates"].size();
       if (p.id == 6 && j["details"].contains("target_timing")) report["figures"]["phase6_target_timing"] = j["details"]["target_timing"];
+      if (p.id == 6 && j["details"].contains("target_predicted")) report["figures"]["predicted"] = j["details"]["target_predicted"];
     }
     report["phases"][std::to_string(p.id)] = r;
   }

@@ -725,6 +725,8 @@ PhaseOutcome run_phase6_integrate(PhaseContext& ctx) {
                                   {"decode_tokens_per_s", decode_s > 0 ? decode_tokens / decode_s : 0},
                                   {"note", "short canonical prompts; `tessera bench` measures throughput properly"}};
   out.details["op_counters"] = ctx.target().op_counters();
+  if (const nlohmann::json predicted = ctx.target().predicted_figures(); !predicted.empty())
+    out.details["target_predicted"] = predicted;
   out.summary = fmt::format("{} prompts x {} greedy tokens: {}", prompts.size(), n, out.pass ? "match" : "mismatch");
   if (!out.pass)
     out.diagnosis = "the integrated prefill+decode runner diverges from the oracle beyond the top-k rule; phases 1-3 "

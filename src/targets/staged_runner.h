@@ -75,6 +75,11 @@ class StagedRunner : public ModelRunner {
   // plus whatever the target records about itself. deploy writes it after phase 1.
   virtual nlohmann::json build_plan(const Model& model) const = 0;
 
+  // Figures the target predicts for itself rather than measures (a modelled NPU: prefill
+  // and decode times from its timing model), as JSON for report.json; empty when the
+  // target's figures are measured (the cpu).
+  virtual nlohmann::json predicted_figures() const { return nlohmann::json::object(); }
+
   // Bytes of weights one decode step reads (every layer's matrices plus the LM head), and
   // KV cache bytes per cached position (all layers, keys and values).
   virtual int64_t weight_bytes_per_token() const = 0;

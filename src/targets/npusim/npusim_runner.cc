@@ -9,6 +9,7 @@
 #include "oracle/ops.h"
 #include "targets/cpu/kernels.h"
 #include "targets/npusim/ops.h"
+#include "targets/npusim/predict.h"
 #include "targets/stages.h"
 #include "util/error.h"
 #include "util/half.h"
@@ -107,6 +108,22 @@ int64_t NpuSimRunner::weight_bytes_per_token() const {
 }
 
 int64_t NpuSimRunner::kv_bytes_per_position() const { return spec().n_layers * 2 * spec().kv_dim() * 2; }
+
+nlohmann::json NpuSimRunner::predicted_figures() const {
+  const int64_t T = std::min<int64_t>(2048, spec().max_position), C = std::min<int64_t>(512, spec().max_position - 1);
+  const npusim::PassPrediction p = npusim::predict_prefill(plan_, spec(), device_, T);
+  const npusim::PassPrediction d = npusim::predict_decode(plan_, spec(), device_, C);
+  return {{"device", device_.name},
+          {"plan", plan_.name},
+          {"prefill_tokens", T},
+          {"prefill_ms", p.total_us / 1e3},
+          {"prefill_tokens_per_s", double(T) / (p.total_us / 1e6)},
+          {"decode_context", C},
+          {"decode_ms_per_token", d.total_us / 1e3},
+          {"decode_tokens_per_s", 1e6 / d.total_us},
+          {"npu_dispatches_per_layer", {{"prefill", plan_.dispatches_per_layer(false)}, {"decode", plan_.dispatches_per_layer(true)}}},
+          {"note", "predicted by the device profile's timing model (calibrated on kernel-level measurements), not measured"}};
+}
 
 std::map<std::string, int64_t> NpuSimRunner::op_counters() const {
   std::map<std::string, int64_t> out = LayeredRunner::op_counters();

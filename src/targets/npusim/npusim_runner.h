@@ -43,6 +43,8 @@ class NpuSimRunner final : public LayeredRunner {
   nlohmann::json build_plan(const Model& model) const override;
   int64_t weight_bytes_per_token() const override;
   int64_t kv_bytes_per_position() const override;
+  // Predicted prefill (2048 tokens, or the model's context if shorter) and decode at 512.
+  nlohmann::json predicted_figures() const override;
 
   const npusim::Device& device() const { return device_; }
   const npusim::NpuPlan& plan() const { return plan_; }
