@@ -24,6 +24,9 @@ const fs::path kFixture = fs::path(TESSERA_SOURCE_DIR) / "tests/fixtures/generat
 bool have_default_model() { return fs::exists(testing_support::default_gguf()); }
 
 TEST(Generation, GreedyMatchesTransformersOnTheDefaultModel) {
+#ifdef TESSERA_SANITIZED
+  GTEST_SKIP() << "the real model end to end is the Release run's; CpuTargetAndOracleGiveTheSameGreedyAnswer covers generation under sanitizers";
+#endif
   if (!have_default_model()) GTEST_SKIP() << "run scripts/setup.sh";
   if (!fs::exists(kFixture)) GTEST_SKIP() << "no fixture " << kFixture;
   nlohmann::json fx;
@@ -47,6 +50,9 @@ TEST(Generation, GreedyMatchesTransformersOnTheDefaultModel) {
 // The second turn reuses the KV cache for the unchanged prefix; it must give exactly what a
 // fresh run over the whole rendered conversation gives.
 TEST(Generation, ChatReusesTheCacheWithoutChangingTheAnswer) {
+#ifdef TESSERA_SANITIZED
+  GTEST_SKIP() << "the real model end to end is the Release run's; CpuTargetAndOracleGiveTheSameGreedyAnswer covers generation under sanitizers";
+#endif
   if (!have_default_model()) GTEST_SKIP() << "run scripts/setup.sh";
   Model model = Model::open(testing_support::default_gguf());
   Tokenizer tok = Tokenizer::for_model(model);
