@@ -150,6 +150,46 @@ TEST(CpuKernels, MatmulSingleThreadAndManyThreadsAgree) {
   }
 }
 
+// q|k|v and gate|up run as one call: the same numbers as one matmul per matrix, bit for bit
+// (each output row is the same dot product, whichever thread computes it).
+TEST(CpuKernels, MatmulSharedInputEqualsOneMatmulPerMatrix) {
+  ThreadPool pool(2);
+  const int64_t K = 200;
+  const int64_t rows[] = {33, 7, 0, 70};
+  std::vector<std::vector<uint16_t>> w;
+  for (int64_t n : rows) w.push_back(randn_bf16(size_t(std::max<int64_t>(n, 1) * K), uint32_t(n + 3), 0.05f));
+  const auto bias = randn(70, 4, 0.5f);
+  for_each_isa([&](const std::string& isa) {
+    for (int64_t T : {1, 3, 20}) {
+      SCOPED_TRACE("T=" + std::to_string(T));
+      const auto x = randn(size_t(T * K), uint32_t(T));
+      std::vector<std::vector<float>> want, got;
+      std::vector<Bf16Matrix> m;
+      std::vector<cpu::MatmulOut> outs;
+      for (size_t i = 0; i < std::size(rows); ++i) {
+        m.push_back(Bf16Matrix{w[i].data(), rows[i], K});
+        want.emplace_back(size_t(T * rows[i]), -1.0f);
+        got.emplace_back(size_t(T * rows[i]), -2.0f);
+      }
+      for (size_t i = 0; i < m.size(); ++i) {
+        const float* b = i % 2 ? bias.data() : nullptr;
+        cpu::matmul(x.data(), T, m[i], b, want[i].data(), pool);
+        outs.push_back({&m[i], b, got[i].data()});
+      }
+      cpu::matmul_shared_input(x.data(), T, outs, pool);
+      for (size_t i = 0; i < m.size(); ++i) EXPECT_EQ(got[i], want[i]) << "matrix " << i;
+    }
+  });
+  // Matrices of different widths cannot share one input.
+  const Bf16Matrix narrow{w[0].data(), 1, K - 1};
+  std::vector<float> y(size_t(rows[0]) + 1);
+  const cpu::MatmulOut mixed[] = {{&narrow, nullptr, y.data()}, {&narrow, nullptr, y.data()}};
+  EXPECT_NO_THROW(cpu::matmul_shared_input(randn(size_t(K), 1).data(), 1, mixed, pool));
+  const Bf16Matrix wide{w[0].data(), 1, K};
+  const cpu::MatmulOut bad[] = {{&narrow, nullptr, y.data()}, {&wide, nullptr, y.data()}};
+  EXPECT_THROW(cpu::matmul_shared_input(randn(size_t(K), 1).data(), 1, bad, pool), std::exception);
+}
+
 TEST(CpuKernels, RmsnormMatchesOracle) {
   for_each_isa([&](const std::string&) {
     for (int64_t n : {1, 7, 64, 72, 576, 2051}) {

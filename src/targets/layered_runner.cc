@@ -105,6 +105,11 @@ void LayeredRunner::op_linear(Stage s, const float* x, int64_t T, const std::str
   else kernel_linear(s, x, T, weight, b, y);
 }
 
+void LayeredRunner::op_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) {
+  if (!by_oracle(s)) return kernel_linears(s, x, T, outs);
+  for (const LinearOut& o : outs) oracle::linear(x, T, model_.get(o.weight), o.bias, o.y, oracle_threads());
+}
+
 void LayeredRunner::op_rope(int64_t l, float* q, float* k, int64_t T, int64_t pos) {
   if (!by_oracle(Stage::Rope)) return kernel_rope(l, q, k, T, pos);
   const ModelSpec& s = spec();
@@ -160,9 +165,9 @@ void LayeredRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& pro
   emit(ProbeLevel::All, "attn_norm", x, H);
 
   count(Stage::QkvProj);
-  op_linear(Stage::QkvProj, x, T, L.q->name, L.q_bias, q);
-  op_linear(Stage::QkvProj, x, T, L.k->name, L.k_bias, k);
-  op_linear(Stage::QkvProj, x, T, L.v->name, L.v_bias, v);
+  auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
+  const LinearOut qkv[] = {{L.q->name, bias(L.q_bias), q}, {L.k->name, bias(L.k_bias), k}, {L.v->name, bias(L.v_bias), v}};
+  op_linears(Stage::QkvProj, x, T, qkv);
 
   count(Stage::Rope);
   op_rope(l, q, k, T, position_);
@@ -188,8 +193,8 @@ void LayeredRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& pro
   op_rmsnorm(Stage::MlpNorm, l, h, T, x);
   emit(ProbeLevel::All, "mlp_norm", x, H);
   count(Stage::GateUpProj);
-  op_linear(Stage::GateUpProj, x, T, L.gate->name, L.gate_bias, gate);
-  op_linear(Stage::GateUpProj, x, T, L.up->name, L.up_bias, up);
+  const LinearOut gate_up[] = {{L.gate->name, bias(L.gate_bias), gate}, {L.up->name, bias(L.up_bias), up}};
+  op_linears(Stage::GateUpProj, x, T, gate_up);
   emit(ProbeLevel::All, "gate", gate, I);
   emit(ProbeLevel::All, "up", up, I);
   count(Stage::SiluMul);

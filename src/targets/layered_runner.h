@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,16 @@ class LayeredRunner : public StagedRunner {
   virtual void kernel_rmsnorm(Stage which, int64_t layer, const float* w, const float* x, int64_t T, float* out) = 0;
   virtual void kernel_linear(Stage s, const float* x, int64_t T, const std::string& weight, const float* bias,
                              float* y) = 0;
+  // The linears of one stage that share their input (q|k|v, gate|up). A target may run them
+  // as one kernel; by default, one kernel_linear after another.
+  struct LinearOut {
+    const std::string& weight;
+    const float* bias;  // may be null
+    float* y;
+  };
+  virtual void kernel_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) {
+    for (const LinearOut& o : outs) kernel_linear(s, x, T, o.weight, o.bias, o.y);
+  }
   virtual void kernel_rope(int64_t layer, float* q, float* k, int64_t T, int64_t pos) = 0;  // + Qwen3 q/k norm
   // The KV cache write itself (the target's storage, no faults): the oracle swap of the
   // kv_write stage uses it too. kernel_kv_write is the target's kernel around it.
@@ -88,6 +99,8 @@ class LayeredRunner : public StagedRunner {
 
  private:
   void run_layer(int64_t l, float* h, int64_t T, const ProbeFn& probe, ProbeLevel level);
+  // op_linear for a stage's linears that share x (the oracle's twin runs them one by one).
+  void op_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs);
   bool by_oracle(Stage s) const { return oracle_stages_.count(s) > 0; }
   void count(Stage s);
   void lap(Stage next);

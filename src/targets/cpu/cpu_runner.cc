@@ -131,6 +131,14 @@ void CpuRunner::kernel_linear(Stage s, const float* x, int64_t T, const std::str
   else cpu::matmul(x, T, matrix(weight), bias, y, *pool_);
 }
 
+void CpuRunner::kernel_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) {
+  if (fault("bf16-accumulate") || fault("drop-qkv-bias") || outs.size() > 8)
+    return LayeredRunner::kernel_linears(s, x, T, outs);  // the faults live in kernel_linear
+  std::array<cpu::MatmulOut, 8> mm;
+  for (size_t i = 0; i < outs.size(); ++i) mm[i] = {&matrix(outs[i].weight), outs[i].bias, outs[i].y};
+  cpu::matmul_shared_input(x, T, std::span(mm.data(), outs.size()), *pool_);
+}
+
 void CpuRunner::kernel_rope(int64_t l, float* q, float* k, int64_t T, int64_t pos) {
   const ModelSpec& s = spec();
   const LayerParams& L = layer(l);

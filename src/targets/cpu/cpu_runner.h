@@ -62,6 +62,7 @@ class CpuRunner final : public LayeredRunner {
   void kernel_rmsnorm(Stage which, int64_t layer, const float* w, const float* x, int64_t T, float* out) override;
   void kernel_linear(Stage s, const float* x, int64_t T, const std::string& weight, const float* bias,
                      float* y) override;
+  void kernel_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) override;
   void kernel_rope(int64_t layer, float* q, float* k, int64_t T, int64_t pos) override;
   void kv_store(int64_t layer, int64_t rel, const float* k, const float* v, int64_t T) override;
   void kernel_kv_write(int64_t layer, int64_t rel, const float* k, const float* v, int64_t T) override;

@@ -98,6 +98,17 @@ void matmul(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, f
     matmul_hwy(x, T, w, bias, y, pool);
 }
 
+void matmul_shared_input(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool) {
+  const int64_t K = outs.empty() ? 0 : outs[0].w->cols;
+  for (const MatmulOut& o : outs)
+    if (o.w->cols != K) fail("matmul_shared_input: matrices of {} and {} columns share one input", K, o.w->cols);
+  if (T <= 0 || K <= 0 || !use_avx512bf16()) {
+    for (const MatmulOut& o : outs) matmul(x, T, *o.w, o.bias, o.y, pool);
+    return;
+  }
+  matmul_avx512bf16(x, T, outs, pool);
+}
+
 void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) {
   rmsnorm_hwy(x, w, out, rows, n, eps);
 }

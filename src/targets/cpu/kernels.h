@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,18 @@ using Bf16Matrix = ::tessera::Bf16Matrix;  // targets/bf16_weights.h
 
 // y[T, N] = x[T, K] . W[N, K]^T (+ bias[N]); T == 1 is the decode GEMV.
 void matmul(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool);
+
+// One output of matmuls that share their input: y[T, w.rows] = x . w^T (+ bias).
+struct MatmulOut {
+  const Bf16Matrix* w;
+  const float* bias;  // may be null
+  float* y;
+};
+// Several matmuls of one x (q|k|v, gate|up; every w has x's K columns). The activations are
+// rounded once, and a decode GEMV spreads all the matrices' rows over one parallel region, so
+// the step pays one barrier per group instead of one per matrix (on the AVX-512 BF16 path;
+// elsewhere, one matmul after another).
+void matmul_shared_input(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool);
 
 // out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w for `rows` rows of n (in place allowed).
 void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps);

@@ -387,7 +387,13 @@ void gemm_packed_range(const uint16_t* xb, int64_t xs, int64_t T, const Bf16Matr
 
 void matmul_avx512bf16(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y,
                        ThreadPool& pool) {
-  const int64_t N = w.rows, K = w.cols;
+  const MatmulOut out{&w, bias, y};
+  matmul_avx512bf16(x, T, std::span<const MatmulOut>(&out, 1), pool);
+}
+
+void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool) {
+  if (outs.empty()) return;
+  const int64_t K = outs[0].w->cols;
   // Row stride of the bf16 activations: K padded to 32, plus 32 so that rows are not a power
   // of two apart (which would alias cache sets for K = 2048, 8192, ...).
   const int64_t Kp = (K + 31) / 32 * 32 + 32;
@@ -399,22 +405,45 @@ void matmul_avx512bf16(const float* x, int64_t T, const Bf16Matrix& w, const flo
   else
     convert_rows(x, T, K, Kp, xb);
   if (T == 1) {
-    // Dynamic chunks of >= 4 blocks (64 rows): a thread that the memory system serves
-    // faster takes more, so neither waits at the barrier for the other.
-    const int64_t blocks = (N + 15) / 16;
+    // Every matrix's rows in blocks of 16, numbered across the matrices in order, handed
+    // out in dynamic chunks of >= 4 blocks (64 rows): a thread that the memory system
+    // serves faster takes more, so neither waits at the barrier for the other.
+    std::array<int64_t, 9> first{};  // first[i]: the first block of outs[i]
+    if (outs.size() + 1 > first.size()) {
+      for (const MatmulOut& o : outs) matmul_avx512bf16(x, T, *o.w, o.bias, o.y, pool);
+      return;
+    }
+    for (size_t i = 0; i < outs.size(); ++i) first[i + 1] = first[i] + (outs[i].w->rows + 15) / 16;
+    const int64_t blocks = first[outs.size()];
     const int64_t grain = std::max<int64_t>(4, blocks / (8 * pool.size()));
     pool.parallel_for(
-        blocks, [&](int64_t b, int64_t e) { gemv_range(xb, w.data, K, bias, y, b * 16, std::min(N, e * 16)); }, grain);
-  } else if (T >= kPackedMinT) {
-    const int64_t units = (N + 15) / 16;  // threads split N in groups of 16 rows
-    pool.parallel_for(units, [&](int64_t b, int64_t e) {
-      gemm_packed_range(xb, Kp, T, w, bias, y, b * 16, std::min(N, e * 16));
-    });
-  } else {
-    const int64_t panels = (N + kNR - 1) / kNR;
-    pool.parallel_for(panels, [&](int64_t b, int64_t e) {
-      gemm_range(xb, Kp, T, w, bias, y, b * kNR, std::min(N, e * kNR));
-    });
+        blocks,
+        [&](int64_t b, int64_t e) {
+          for (size_t i = 0; i < outs.size() && b < e; ++i) {
+            if (b >= first[i + 1]) continue;
+            const MatmulOut& o = outs[i];
+            const int64_t b0 = b - first[i], b1 = std::min(e, first[i + 1]) - first[i];
+            gemv_range(xb, o.w->data, K, o.bias, o.y, b0 * 16, std::min(o.w->rows, b1 * 16));
+            b = first[i + 1];
+          }
+        },
+        grain);
+    return;
+  }
+  for (const MatmulOut& o : outs) {
+    const Bf16Matrix& w = *o.w;
+    const int64_t N = w.rows;
+    if (T >= kPackedMinT) {
+      const int64_t units = (N + 15) / 16;  // threads split N in groups of 16 rows
+      pool.parallel_for(units, [&](int64_t b, int64_t e) {
+        gemm_packed_range(xb, Kp, T, w, o.bias, o.y, b * 16, std::min(N, e * 16));
+      });
+    } else {
+      const int64_t panels = (N + kNR - 1) / kNR;
+      pool.parallel_for(panels, [&](int64_t b, int64_t e) {
+        gemm_range(xb, Kp, T, w, o.bias, o.y, b * kNR, std::min(N, e * kNR));
+      });
+    }
   }
 }
 
