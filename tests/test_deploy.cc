@@ -127,7 +127,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(FaultCase{"rope-interleaved", "SmolLM2-360M"}, FaultCase{"rope-scaling-prefill-only", "Llama-3.2-1B"},
                       FaultCase{"drop-qkv-bias", "Qwen2.5-0.5B"}, FaultCase{"qk-norm-after-rope", "Qwen3-0.6B"},
                       FaultCase{"gqa-modulo", "Qwen3-0.6B"}, FaultCase{"attn-scale-hidden", "Qwen3-0.6B"},
-                      FaultCase{"stale-kv", "SmolLM2-360M"}, FaultCase{"bf16-accumulate", "SmolLM2-360M"}),
+                      FaultCase{"stale-kv", "SmolLM2-360M"}, FaultCase{"bf16-accumulate", "SmolLM2-360M"},
+                      FaultCase{"fused-qkv-swap", "SmolLM2-360M"}),
     [](const auto& info) {
       std::string n = info.param.fault;
       for (char& c : n) if (!isalnum(static_cast<unsigned char>(c))) c = '_';
@@ -137,7 +138,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Deploy, EveryKnownFaultHasACase) {
   // The list above must cover known_faults(); a new fault without a test fails here.
   const std::set<std::string> covered = {"rope-interleaved", "rope-scaling-prefill-only", "drop-qkv-bias", "qk-norm-after-rope",
-                                         "gqa-modulo", "attn-scale-hidden", "stale-kv", "bf16-accumulate"};
+                                         "gqa-modulo", "attn-scale-hidden", "stale-kv", "bf16-accumulate", "fused-qkv-swap"};
   for (const FaultInfo& f : known_faults()) EXPECT_TRUE(covered.count(f.name)) << f.name;
 }
 
@@ -183,7 +184,7 @@ TEST(Targets, RegistryMakesCpuAndRefusesWhatNoTargetHas) {
   EXPECT_EQ(r->description().rfind("cpu (", 0), 0u) << r->description();
   EXPECT_NE(r->description().find("2 threads"), std::string::npos) << r->description();
   const nlohmann::json plan = r->build_plan(model);
-  EXPECT_EQ(plan["name"], "cpu-naive");
+  EXPECT_EQ(plan["name"], "cpu-fused");  // the default plan
   EXPECT_EQ(plan["dispatches"].size(), size_t(3 + model.spec().n_layers * int64_t(layer_stages().size())));
   EXPECT_GT(r->weight_bytes_per_token(), 0);
   EXPECT_GT(r->kv_bytes_per_position(), 0);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "model/presets.h"
@@ -49,7 +50,7 @@ TEST_P(NpusimDeployTiny, EveryGatePassesWithNothingOnTheHost) {
   ASSERT_TRUE(r.pass) << "phase " << r.failed_phase << ": " << r.diagnosis;
   const nlohmann::json plan = read_json_file(out.path() / "dep" / "plan.json");
   EXPECT_EQ(plan["target"], "npusim");
-  EXPECT_EQ(plan["name"], "baseline");
+  EXPECT_EQ(plan["name"].get<std::string>().rfind("baseline", 0), 0u) << plan["name"];  // as phases 4-5 left it
   EXPECT_TRUE(plan["host_ops"].empty()) << plan["host_ops"];
   // The counters prove every op ran on the target: none on the host, none by the oracle.
   for (const auto& [op, n] : plan["op_counters_phase6"].items()) {
@@ -82,7 +83,7 @@ TEST(NpusimDeploy, DefaultModelDeploys) {
   auto r = run_tessera("deploy --target npusim --out " + out.str("dep") + " --quiet");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   // README command 1 shows the predicted figures (and says they are predictions).
-  EXPECT_NE(r.out.find("predicted on xdna2 (plan baseline; the timing model, not a measurement): prefill 2048 tokens"),
+  EXPECT_NE(r.out.find("predicted on xdna2 (plan baseline+opt; the timing model, not a measurement): prefill 2048 tokens"),
             std::string::npos)
       << r.out;
   const nlohmann::json report = read_json_file(out.path() / "dep" / "report.json");
@@ -91,20 +92,33 @@ TEST(NpusimDeploy, DefaultModelDeploys) {
 }
 
 // naive leaves the decode attention, the prefill softmax and the LM head on the host, by
-// choice: the plan and report say so, and the counters show exactly those on the host.
+// choice: the plan says so. Phases 4 and 5 then keep or move them by measure; whatever the
+// final plan leaves on the host is listed, and the counters show exactly those on the host.
 TEST(NpusimDeploy, NaivePlanListsItsHostOpsAndCountsThem) {
   ScratchDir out("npusim_naive");
   const DeployResult r = deploy(npusim_options("Qwen3-0.6B", out.str("dep"), "naive"));
   ASSERT_TRUE(r.pass) << "phase " << r.failed_phase << ": " << r.diagnosis;
+  const nlohmann::json validated = read_json_file(out.path() / "dep" / "plan_validated.json");
+  EXPECT_EQ(validated["name"], "naive");
+  const std::string host = validated["host_ops"].dump();
+  for (const char* op : {"attention (softmax)", "attention", "lm_head", "embedding"})
+    EXPECT_NE(host.find(op), std::string::npos) << host;
+
   const nlohmann::json plan = read_json_file(out.path() / "dep" / "plan.json");
-  EXPECT_EQ(plan["name"], "naive");
-  const std::string host = plan["host_ops"].dump();
-  for (const char* op : {"attention", "lm_head", "embedding"}) EXPECT_NE(host.find(op), std::string::npos) << host;
+  EXPECT_EQ(plan["name"], "naive+opt");
+  std::set<std::string> listed;
+  for (const auto& op : plan["host_ops"]) listed.insert(op.get<std::string>());
+  EXPECT_FALSE(listed.empty());
   const nlohmann::json counters = plan["op_counters_phase6"];
-  EXPECT_GT(counters.value("host:attention", 0), 0) << counters;     // decode steps
-  EXPECT_GT(counters.value("host:lm_head", 0), 0) << counters;
-  EXPECT_GT(counters.value("host:attention.softmax", 0), 0) << counters;  // prefill
-  EXPECT_GT(counters.value("attention", 0), 0) << counters;          // the prefill products ran on the NPU
+  std::set<std::string> counted;
+  for (const auto& [name, n] : counters.items()) {
+    if (name.rfind("host:", 0) != 0 || n.get<int64_t>() == 0) continue;
+    std::string op = name.substr(5);
+    if (op.ends_with(".softmax")) op = op.substr(0, op.size() - 8) + " (softmax)";
+    counted.insert(op);
+  }
+  EXPECT_EQ(counted, listed) << "counters " << counters << "\nplan host_ops " << plan["host_ops"];
+  EXPECT_GT(counters.value("attention", 0), 0) << counters;  // the prefill attention ran on the NPU
   EXPECT_EQ(counters.value("host:qkv_proj", 0), 0) << counters;
 }
 
@@ -115,9 +129,13 @@ TEST(NpusimDeploy, MergedPlanPasses) {
   ScratchDir out("npusim_merged");
   const DeployResult r = deploy(npusim_options("Qwen2.5-0.5B", out.str("dep"), "merged"));
   ASSERT_TRUE(r.pass) << "phase " << r.failed_phase << ": " << r.diagnosis;
+  // Phases 1-3 validated merged as named; phases 4-5 may only have merged further.
+  const nlohmann::json validated = read_json_file(out.path() / "dep" / "plan_validated.json");
+  EXPECT_EQ(validated["npusim"]["plan"]["prefill"]["npu_dispatches_per_layer"], 3);
+  EXPECT_EQ(validated["npusim"]["plan"]["decode"]["npu_dispatches_per_layer"], 2);
   const nlohmann::json plan = read_json_file(out.path() / "dep" / "plan.json");
-  EXPECT_EQ(plan["npusim"]["plan"]["prefill"]["npu_dispatches_per_layer"], 3);
-  EXPECT_EQ(plan["npusim"]["plan"]["decode"]["npu_dispatches_per_layer"], 2);
+  EXPECT_LE(plan["npusim"]["plan"]["prefill"]["npu_dispatches_per_layer"].get<int>(), 3);
+  EXPECT_LE(plan["npusim"]["plan"]["decode"]["npu_dispatches_per_layer"].get<int>(), 2);
 }
 
 TEST(NpusimDeploy, RefusesAnUnknownPlanOrDevice) {
@@ -182,7 +200,7 @@ TEST(NpusimDeploy, ProfileAndBenchPrintPredictions) {
   auto b = run_tessera("bench " + out.str("dep") + " --json --repeats 1 --prompt-len 16");
   ASSERT_EQ(b.exit_code, 0) << b.err;
   const auto j = nlohmann::json::parse(b.out);
-  EXPECT_EQ(j["plan"], "merged");
+  EXPECT_EQ(j["plan"], "merged+opt");  // what phases 4 and 5 made of merged
   EXPECT_GT(j["predicted_decode"][0]["ms_per_token"].get<double>(), 0);
   EXPECT_GT(j["simulator_decode_step_s"].get<double>(), 0);
   auto bad = run_tessera("profile " + out.str("nothing"));

@@ -220,7 +220,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--threads", a->threads, "Worker threads (default: all cores)");
   cmd->add_flag("--json", a->json, "Print one JSON object instead of the table");
   cmd->add_flag("--no-bandwidth", a->no_bandwidth, "Skip the read-bandwidth measurement");
-  cmd->add_option("--plan", a->plan, "npusim: the plan to predict (baseline, naive, merged; default baseline)");
+  cmd->add_option("--plan", a->plan, "For a model: the named plan (cpu: cpu-fused (default), cpu-naive; npusim: baseline (default), naive, merged)");
   cmd->add_option("--device", a->device, "npusim: the device profile (default xdna2)");
   cmd->add_flag("--profile", a->profile, "cpu target: also report wall time per stage for decode (the last repeat)");
   cmd->callback([a] { run_bench(*a); });

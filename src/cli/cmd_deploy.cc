@@ -109,12 +109,16 @@ void add_deploy_command(CLI::App& app) {
   auto a = std::make_shared<DeployArgs>();
   CLI::App* cmd = app.add_subcommand(
       "deploy",
-      "Deploy a model onto a target through the gated phases (0 oracle, 1 kernels, 2 block, 3 model, 6 integrate;\n"
-      "phases 4, 5 and 7 are not in this version). Resumes at the first phase not passed.\n"
+      "Deploy a model onto a target through the gated phases (0 oracle, 1 kernels, 2 block, 3 model, 4 prefill-opt,\n"
+      "5 decode-opt, 6 integrate; phase 7 is not in this version). Phases 4 and 5 rewrite the plan with the target's\n"
+      "optimization skills, keeping a rewrite only if the gate still passes and it is strictly faster\n"
+      "(DIR/perf_opt_traj.md). Resumes at the first phase not passed.\n"
       "Exit status: 0 every gate passed, 3 a gate failed (diagnosis in DIR/issues.md), 1 bad input.");
   cmd->add_option("model", a->model, "Hugging Face directory or .gguf file (default: SmolLM2-135M-Instruct)");
   cmd->add_option("--target", a->target, fmt::format("Target: {}", fmt::join(target_names(), ", ")))->capture_default_str();
-  cmd->add_option("--plan", a->plan, "The target's named plan to start from (npusim: naive, merged; default: the target's own)");
+  cmd->add_option("--plan", a->plan,
+                  "The named plan phases 1-3 validate and phases 4-5 start from (cpu: cpu-fused (default), cpu-naive; "
+                  "npusim: baseline (default), naive, merged)");
   cmd->add_option("--device", a->device, "Device profile of the target (npusim: xdna2 (default) or a profile JSON file)");
   cmd->add_option("--out", a->out, "Deployment directory (default: deployments/<model>-<target>)");
   cmd->add_option("--from-phase", a->from_phase, "Re-run from phase N (its results and later ones are discarded)");

@@ -90,6 +90,7 @@ void write_report(Deployment& dep) {
       r["gates_total"] = j["gates"].size();
       if (p.id == 6 && j["details"].contains("target_timing")) report["figures"]["phase6_target_timing"] = j["details"]["target_timing"];
       if (p.id == 6 && j["details"].contains("target_predicted")) report["figures"]["predicted"] = j["details"]["target_predicted"];
+      if ((p.id == 4 || p.id == 5) && j["details"].contains("steps")) report["optimization"][std::to_string(p.id)] = j["details"];
     }
     report["phases"][std::to_string(p.id)] = r;
   }
@@ -126,6 +127,8 @@ DeployResult deploy(const DeployOptions& opts) {
     if (!p.implemented) continue;
     if (dep.phase_status(p.id) == "passed") {
       say(fmt::format("phase {} {}: passed in an earlier run (resumed)", p.id, p.name));
+      // The later phases run the plan the optimization phases left.
+      if (p.id == 4 || p.id == 5) ctx.use_plan(read_json_file(dep.file("plan.json")));
       continue;
     }
     say(fmt::format("phase {} {}: {}", p.id, p.name, p.does));
@@ -138,6 +141,8 @@ DeployResult deploy(const DeployOptions& opts) {
         case 1: o = run_phase1_kernels(ctx); break;
         case 2: o = run_phase2_block(ctx); break;
         case 3: o = run_phase3_model(ctx); break;
+        case 4: o = run_phase4_prefill_opt(ctx); break;
+        case 5: o = run_phase5_decode_opt(ctx); break;
         case 6: o = run_phase6_integrate(ctx); break;
         default: fail("internal: phase {} has no runner", p.id);
       }
@@ -159,7 +164,9 @@ DeployResult deploy(const DeployOptions& opts) {
     if (p.id == 1) {
       write_kernel_registry(dep, ctx.target(), o);
       write_plan_files(dep, ctx.target().build_plan(model));
+      fs::remove(dep.file("plan_validated.json"));  // phase 4 keeps aside the plan phases 1-3 gate
     }
+    if (p.id == 4 || p.id == 5) write_perf_trajectory(dep);
     if (p.id == 6 && o.pass) {
       nlohmann::json plan = read_json_file(dep.file("plan.json"));
       plan["frozen"] = true;

@@ -24,8 +24,8 @@ const std::vector<PhaseDef>& phase_defs() {
       {1, "kernels", "every (kernel, shape) the model needs on the target vs the oracle's kernel", true},
       {2, "block", "layer 0 wired on the target with real prompt activations; bisect on failure", true},
       {3, "model", "all layers on the target over the canonical prompts", true},
-      {4, "prefill-opt", "optimization skills on prefill (not in this version)", false},
-      {5, "decode-opt", "optimization skills on decode (not in this version)", false},
+      {4, "prefill-opt", "the target's optimization skills rewrite the plan for prefill, each gated and measured", true},
+      {5, "decode-opt", "the target's optimization skills rewrite the plan for decode, each gated and measured", true},
       {6, "integrate", "one prefill+decode runner, greedy match vs the oracle, plan frozen", true},
       {7, "evaluate", "independent evaluator (not in this version)", false},
   };

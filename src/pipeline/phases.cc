@@ -49,8 +49,23 @@ TargetOptions target_options(const DeployOptions& opts) {
 }
 
 StagedRunner& PhaseContext::target() {
-  if (!target_) target_ = make_target_runner(opts.target, model, target_options(opts));
+  if (!target_) {
+    TargetOptions o = target_options(opts);
+    o.plan = plan_;
+    target_ = make_target_runner(opts.target, model, o);
+  }
   return *target_;
+}
+
+void PhaseContext::use_plan(const nlohmann::json& plan) {
+  plan_ = plan;
+  target_.reset();
+}
+
+std::unique_ptr<StagedRunner> PhaseContext::make_runner(const nlohmann::json& plan) const {
+  TargetOptions o = target_options(opts);
+  o.plan = plan;
+  return make_target_runner(opts.target, model, o);
 }
 void PhaseContext::progress(const std::string& line) const {
   if (!opts.quiet) fmt::print(stderr, "  {}\n", line);
@@ -587,9 +602,61 @@ PhaseOutcome run_phase2_block(PhaseContext& ctx) {
 
 // ---------------------------------------------------------------- phase 3: the model
 
+const PhaseContext::OracleRun& PhaseContext::oracle_run(const std::vector<int32_t>& ids) {
+  auto it = oracle_runs_.find(ids);
+  if (it != oracle_runs_.end()) return it->second;
+  Capture ref;
+  OracleRunner& o = oracle();
+  o.reset();
+  OracleRun run;
+  run.logits = o.forward(ids, false, ref.fn([](const std::string& n) { return n.ends_with(".out"); }), ProbeLevel::Layers);
+  for (int64_t l = 0; l < model.spec().n_layers; ++l) run.layers.push_back(ref.at(fmt::format("layers.{}.out", l)));
+  return oracle_runs_.emplace(ids, std::move(run)).first->second;
+}
+
+nlohmann::json model_gate_record(PhaseContext& ctx, StagedRunner& target, const CanonicalPrompt& p, bool last_as_decode) {
+  const ModelSpec& s = ctx.model.spec();
+  const PhaseContext::OracleRun& ref = ctx.oracle_run(p.ids);
+  const std::vector<float>& lr = ref.logits;
+  Capture got;
+  const ProbeFn probe = got.fn([](const std::string& n) { return n.ends_with(".out"); });
+  target.reset();
+  std::vector<float> lg;
+  if (last_as_decode && p.ids.size() > 1) {
+    // The prompt but its last token as a prefill, then the last token as a decode step: the
+    // capture appends the step's rows, so the comparison is the same [T, hidden] per layer.
+    target.forward(std::span<const int32_t>(p.ids.data(), p.ids.size() - 1), false, probe, ProbeLevel::Layers);
+    lg = target.forward(std::span<const int32_t>(&p.ids.back(), 1), false, probe, ProbeLevel::Layers);
+  } else {
+    lg = target.forward(p.ids, false, probe, ProbeLevel::Layers);
+  }
+  const int64_t T = int64_t(p.ids.size());
+  std::vector<double> cos;
+  double cliff = 0;
+  for (int64_t l = 0; l < s.n_layers; ++l) {
+    const std::string n = fmt::format("layers.{}.out", l);
+    cos.push_back(gates::compare(ref.layers[size_t(l)].data(), got.at(n).data(), T, s.hidden).cosine);
+    if (l > 0) cliff = std::max(cliff, cos[size_t(l - 1)] - cos[size_t(l)]);
+  }
+  const double p1 = gates::softmax_max_prob(lr.data(), s.vocab);
+  const bool is_decisive = p1 > gates::threshold("phase3.decisive_prob");
+  GateResult g;
+  g.gate = "phase3.model";
+  g.subject = fmt::format("\"{}\" ({} tokens{}, {} p={:.3f})", p.text, T, last_as_decode && T > 1 ? ", the last as a decode step" : "",
+                          is_decisive ? "decisive" : "competitive", p1);
+  g.require("min_layer_cosine", *std::min_element(cos.begin(), cos.end()), ">=", "phase3.layer_cosine_min");
+  g.require("cliff", cliff, "<=", "phase3.cliff_max");
+  g.require("logits_cosine", gates::cosine(lr.data(), lg.data(), s.vocab), ">=", "phase3.logits_cosine_min");
+  if (is_decisive) g.require_fixed("top1_match", gates::top1_match(lr.data(), lg.data(), s.vocab) ? 1 : 0, "==", 1);
+  else
+    g.require_fixed("top5_two_way", gates::topk_two_way(lr.data(), lg.data(), s.vocab, int(gates::threshold("phase3.topk"))) ? 1 : 0,
+                    "==", 1);
+  return {{"ids", p.ids}, {"text", p.text}, {"decisive", is_decisive}, {"top1_prob", p1}, {"layer_cosines", cos},
+          {"gate", g.to_json()}};
+}
+
 PhaseOutcome run_phase3_model(PhaseContext& ctx) {
   PhaseOutcome out;
-  const ModelSpec& s = ctx.model.spec();
   const auto prompts = canonical_prompts(ctx.tokenizer());
   const fs::path resume_dir = ctx.dep.file("phase3");
   fs::create_directories(resume_dir);
@@ -602,36 +669,7 @@ PhaseOutcome run_phase3_model(PhaseContext& ctx) {
       ++resumed;  // done before an interruption: the gate row is on disk
     } else {
       ctx.progress(fmt::format("[phase 3] prompt {}/{}: \"{}\" ({} tokens)", i + 1, prompts.size(), p.text, p.ids.size()));
-      auto want = [](const std::string& n) { return n.ends_with(".out"); };
-      Capture ref, got;
-      OracleRunner& oracle = ctx.oracle();
-      oracle.reset();
-      const std::vector<float> lr = oracle.forward(p.ids, false, ref.fn(want), ProbeLevel::Layers);
-      StagedRunner& target = ctx.target();
-      target.reset();
-      const std::vector<float> lg = target.forward(p.ids, false, got.fn(want), ProbeLevel::Layers);
-      const int64_t T = int64_t(p.ids.size());
-      std::vector<double> cos;
-      double cliff = 0;
-      for (int64_t l = 0; l < s.n_layers; ++l) {
-        const std::string n = fmt::format("layers.{}.out", l);
-        cos.push_back(gates::compare(ref.at(n).data(), got.at(n).data(), T, s.hidden).cosine);
-        if (l > 0) cliff = std::max(cliff, cos[size_t(l - 1)] - cos[size_t(l)]);
-      }
-      const double p1 = gates::softmax_max_prob(lr.data(), s.vocab);
-      const bool is_decisive = p1 > gates::threshold("phase3.decisive_prob");
-      GateResult g;
-      g.gate = "phase3.model";
-      g.subject = fmt::format("\"{}\" ({} tokens, {} p={:.3f})", p.text, T, is_decisive ? "decisive" : "competitive", p1);
-      g.require("min_layer_cosine", *std::min_element(cos.begin(), cos.end()), ">=", "phase3.layer_cosine_min");
-      g.require("cliff", cliff, "<=", "phase3.cliff_max");
-      g.require("logits_cosine", gates::cosine(lr.data(), lg.data(), s.vocab), ">=", "phase3.logits_cosine_min");
-      if (is_decisive) g.require_fixed("top1_match", gates::top1_match(lr.data(), lg.data(), s.vocab) ? 1 : 0, "==", 1);
-      else
-        g.require_fixed("top5_two_way", gates::topk_two_way(lr.data(), lg.data(), s.vocab, int(gates::threshold("phase3.topk"))) ? 1 : 0,
-                        "==", 1);
-      rec = {{"ids", p.ids}, {"text", p.text}, {"decisive", is_decisive}, {"top1_prob", p1}, {"layer_cosines", cos},
-             {"gate", g.to_json()}};
+      rec = model_gate_record(ctx, ctx.target(), p);
       write_json_atomic(item, rec);  // one prompt at a time: an interruption loses at most this one
     }
     decisive += rec["decisive"].get<bool>();

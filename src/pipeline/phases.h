@@ -4,6 +4,7 @@
 // through StagedRunner (targets/staged_runner.h), made by the registry.
 #pragma once
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -52,12 +53,26 @@ class PhaseContext {
   const Tokenizer& tokenizer();
   OracleRunner& oracle();
   StagedRunner& target();  // opts.target from the registry, with opts.faults injected
+  // From now on, target() runs `plan` (phases 4 and 5's result; phase 6 freezes it).
+  void use_plan(const nlohmann::json& plan);
+  // A runner of opts.target for `plan` (a rewritten plan phases 4 and 5 try).
+  std::unique_ptr<StagedRunner> make_runner(const nlohmann::json& plan) const;
   void progress(const std::string& line) const;
+
+  // The oracle's per-layer outputs and last-position logits on a prompt, computed once per
+  // deploy run (phases 3, 4 and 5 compare every plan against the same reference).
+  struct OracleRun {
+    std::vector<std::vector<float>> layers;  // layers.N.out, [T, hidden] each
+    std::vector<float> logits;               // [vocab]
+  };
+  const OracleRun& oracle_run(const std::vector<int32_t>& ids);
 
  private:
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<OracleRunner> oracle_;
   std::unique_ptr<StagedRunner> target_;
+  nlohmann::json plan_;  // set by use_plan
+  std::map<std::vector<int32_t>, OracleRun> oracle_runs_;
 };
 
 struct CanonicalPrompt {
@@ -71,7 +86,17 @@ PhaseOutcome run_phase0_oracle(PhaseContext& ctx);
 PhaseOutcome run_phase1_kernels(PhaseContext& ctx);
 PhaseOutcome run_phase2_block(PhaseContext& ctx);
 PhaseOutcome run_phase3_model(PhaseContext& ctx);
+PhaseOutcome run_phase4_prefill_opt(PhaseContext& ctx);  // pipeline/optimize.cc
+PhaseOutcome run_phase5_decode_opt(PhaseContext& ctx);
+void write_perf_trajectory(Deployment& dep);  // perf_opt_traj.md from phases 4 and 5's records
 PhaseOutcome run_phase6_integrate(PhaseContext& ctx);
+
+// Phase 3's gate row for one prompt on `target`, as phase 3 records it: {"ids", "text",
+// "decisive", "top1_prob", "layer_cosines", "gate"}. Phases 4 and 5 re-run it on every
+// rewritten plan; phase 5 with `last_as_decode` (the prompt's last token run as a decode
+// step, so that a rewrite of the decode pass is what the gate sees).
+nlohmann::json model_gate_record(PhaseContext& ctx, StagedRunner& target, const CanonicalPrompt& p,
+                                 bool last_as_decode = false);
 
 // Phase 2's bisect, callable on its own: runs layer 0 with each stage in turn swapped for
 // the oracle's kernel and names the stage whose swap brings the block closest to the

@@ -24,6 +24,9 @@ const std::vector<FaultInfo>& known_faults() {
       {"stale-kv", "kv_write", 2,
        "decode steps write a stale row (the previous step's keys and values) into the KV cache: right on the first call, wrong after"},
       {"bf16-accumulate", "gemm", 1, "GEMM/GEMV accumulate in bf16 instead of fp32"},
+      {"fused-qkv-swap", "qkv_proj", 2,
+       "the fused q|k|v kernel writes the keys into v and the values into k (plans that fuse the projections; from "
+       "cpu-naive, phase 4's gate catches the merge rewrite and reverts it)"},
   };
   return faults;
 }

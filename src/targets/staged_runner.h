@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "targets/opt_skills.h"
 #include "targets/stages.h"
 #include "targets/target.h"
 
@@ -80,6 +81,10 @@ class StagedRunner : public ModelRunner {
   // target's figures are measured (the cpu).
   virtual nlohmann::json predicted_figures() const { return nlohmann::json::object(); }
 
+  // This runner's figure of merit for one pass, what phases 4 and 5 compare plans by: a
+  // real target times itself (which resets its cache), a modelled one predicts.
+  virtual PassFigure measure(Pass pass) = 0;
+
   // Bytes of weights one decode step reads (every layer's matrices plus the LM head), and
   // KV cache bytes per cached position (all layers, keys and values).
   virtual int64_t weight_bytes_per_token() const = 0;
@@ -94,6 +99,9 @@ struct TargetOptions {
   bool profile = false;           // accumulate wall time per stage, where the target can
   std::string plan_name;          // "": the target's default plan
   std::string device;             // "": the target's default device (profile)
+  // A plan this target wrote (build_plan's JSON, perhaps rewritten by phases 4 and 5) to run
+  // exactly as it says; null: the plan named by plan_name.
+  nlohmann::json plan;
 };
 
 // A target as the registry knows it. Each target's header declares a function returning
@@ -108,6 +116,8 @@ struct TargetDef {
   // Options a frozen plan fixes when a deployment is run again (cpu: its thread count when
   // none is asked); may be empty. Called before make().
   std::function<void(const nlohmann::json& plan, TargetOptions& options)> options_from_plan;
+  // The optimization skills phases 4 and 5 try, in order; may be empty.
+  std::function<const std::vector<OptSkill>&()> skills;
 };
 
 }  // namespace tessera

@@ -1,7 +1,9 @@
 #include "targets/cpu/cpu_runner.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <string_view>
@@ -16,12 +18,63 @@
 
 namespace tessera {
 
+const std::vector<std::string>& cpu_plan_names() {
+  static const std::vector<std::string> names = {"cpu-fused", "cpu-naive"};
+  return names;
+}
+
+std::string cpu_plan_name(bool fused_prefill, bool fused_decode) {
+  if (fused_prefill == fused_decode) return fused_prefill ? "cpu-fused" : "cpu-naive";
+  return fused_prefill ? "cpu-fused-prefill" : "cpu-fused-decode";
+}
+
+namespace {
+
+void check_cpu_plan(const std::string& name) {
+  const auto& names = cpu_plan_names();
+  if (std::find(names.begin(), names.end(), name) == names.end())
+    fail("target cpu has no plan '{}' (plans: {})", name, fmt::join(names, ", "));
+}
+
+// The fusion a plan asks for, per pass: plan["cpu"]["kernels"]["fused_linears"]. Plans
+// written before the fusion existed have no such entry and ran one kernel per matrix.
+void fusion_from_plan(const nlohmann::json& plan, CpuOptions& o) {
+  if (!plan.contains("cpu") || !plan["cpu"].contains("kernels")) {
+    o.fused_prefill = o.fused_decode = false;
+    return;
+  }
+  try {
+    const nlohmann::json& f = plan.at("cpu").at("kernels").at("fused_linears");
+    o.fused_prefill = f.at("prefill").get<bool>();
+    o.fused_decode = f.at("decode").get<bool>();
+  } catch (const nlohmann::json::exception& e) {
+    fail("cpu plan: no kernel fusion recorded (cpu.kernels.fused_linears: {})", e.what());
+  }
+}
+
+// merge on the cpu: the linears of a stage that share their input (q|k|v, gate|up) run as
+// one kernel: the activations rounded once and, in decode, one parallel region (one
+// barrier) over all the matrices' rows instead of one per matrix.
+std::vector<PlanRewrite> propose_merge(const nlohmann::json& plan, Pass pass, std::string& why_not) {
+  CpuOptions o;
+  fusion_from_plan(plan, o);
+  const bool fused = pass == Pass::Prefill ? o.fused_prefill : o.fused_decode;
+  if (fused) {
+    why_not = fmt::format("q|k|v and gate|up already run fused in {}", pass_name(pass));
+    return {};
+  }
+  nlohmann::json next = plan;
+  next["cpu"]["kernels"]["fused_linears"][pass_name(pass)] = true;
+  return {{fmt::format("fuse q|k|v and gate|up into one kernel each ({})", pass_name(pass)), next}};
+}
+
+}  // namespace
+
 TargetDef cpu_target_def() {
   TargetDef d;
   d.name = "cpu";
   d.check_options = [](const TargetOptions& t) {
-    if (!t.plan_name.empty() && t.plan_name != "cpu-naive")
-      fail("target cpu has no plan '{}' (plans: cpu-naive)", t.plan_name);
+    if (!t.plan_name.empty()) check_cpu_plan(t.plan_name);
     if (!t.device.empty()) fail("target cpu has no devices to choose (asked for '{}')", t.device);
   };
   d.make = [](const Model& model, const TargetOptions& t) -> std::unique_ptr<StagedRunner> {
@@ -30,16 +83,30 @@ TargetDef cpu_target_def() {
     o.faults = t.faults;
     o.oracle_stages = t.oracle_stages;
     o.profile = t.profile;
+    if (!t.plan.is_null()) {
+      fusion_from_plan(t.plan, o);
+    } else {
+      const std::string name = t.plan_name.empty() ? cpu_plan_names().front() : t.plan_name;
+      check_cpu_plan(name);
+      o.fused_prefill = o.fused_decode = name != "cpu-naive";
+    }
     return std::make_unique<CpuRunner>(model, std::move(o));
   };
   d.faults = []() -> const std::vector<FaultInfo>& { return known_faults(); };
   d.options_from_plan = [](const nlohmann::json& plan, TargetOptions& o) {
-    // A deployment runs with the threads it was gated with, unless asked otherwise.
+    // A deployment runs with the threads it was gated with, unless asked otherwise, and
+    // exactly the plan it froze.
     if (o.threads <= 0) o.threads = plan.value("cpu", nlohmann::json::object()).value("threads", 0);
+    o.plan = plan;
+  };
+  d.skills = []() -> const std::vector<OptSkill>& {
+    static const std::vector<OptSkill> skills = {
+        {"merge", "run the linears that share an input (q|k|v, gate|up) as one kernel", propose_merge},
+    };
+    return skills;
   };
   return d;
 }
-
 
 CpuRunner::CpuRunner(const Model& model, CpuOptions options)
     : LayeredRunner(model, options.faults, options.oracle_stages, options.profile), options_(std::move(options)) {
@@ -69,10 +136,12 @@ nlohmann::json CpuRunner::build_plan(const Model& model) const {
   const ModelSpec& s = model.spec();
   nlohmann::json plan;
   plan["format"] = "tessera-plan/1";
-  plan["name"] = "cpu-naive";
+  plan["name"] = cpu_plan_name(options_.fused_prefill, options_.fused_decode);
   plan["target"] = "cpu";
   plan["model"] = {{"path", model.path()}, {"format", model.format()}, {"arch", arch_name(s.arch)}, {"spec", s.to_json()}};
-  plan["cpu"] = {{"isa", cpu::isa()}, {"threads", threads()}};
+  plan["cpu"] = {{"isa", cpu::isa()},
+                 {"threads", threads()},
+                 {"kernels", {{"fused_linears", {{"prefill", options_.fused_prefill}, {"decode", options_.fused_decode}}}}}};
   plan["weights"] = {{"dtype", "bf16"},
                      {"mapped_bytes", mapped_weight_bytes()},
                      {"converted_bytes", owned_weight_bytes()},
@@ -132,11 +201,43 @@ void CpuRunner::kernel_linear(Stage s, const float* x, int64_t T, const std::str
 }
 
 void CpuRunner::kernel_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) {
-  if (fault("bf16-accumulate") || fault("drop-qkv-bias") || outs.size() > 8)
-    return LayeredRunner::kernel_linears(s, x, T, outs);  // the faults live in kernel_linear
+  const bool fused = T == 1 ? options_.fused_decode : options_.fused_prefill;
+  if (!fused || fault("bf16-accumulate") || fault("drop-qkv-bias") || outs.size() > 8)
+    return LayeredRunner::kernel_linears(s, x, T, outs);  // these faults live in kernel_linear
   std::array<cpu::MatmulOut, 8> mm;
   for (size_t i = 0; i < outs.size(); ++i) mm[i] = {&matrix(outs[i].weight), outs[i].bias, outs[i].y};
+  // fused-qkv-swap: the fused kernel's k and v outputs trade places.
+  if (s == Stage::QkvProj && outs.size() == 3 && fault("fused-qkv-swap")) std::swap(mm[1].y, mm[2].y);
   cpu::matmul_shared_input(x, T, std::span(mm.data(), outs.size()), *pool_);
+}
+
+PassFigure CpuRunner::measure(Pass pass) {
+  // A fixed token sequence (any ids: the weights are read the same whatever they are).
+  const int64_t P = std::max<int64_t>(1, std::min<int64_t>(128, spec().max_position - 9));
+  std::vector<int32_t> ids(static_cast<size_t>(P));
+  for (int64_t i = 0; i < P; ++i) ids[size_t(i)] = int32_t((i * 7919 + 13) % spec().vocab);
+  constexpr int kReps = 5, kSteps = 8;
+  std::vector<double> samples;
+  for (int r = 0; r < kReps; ++r) {
+    reset();
+    auto t0 = std::chrono::steady_clock::now();
+    forward(ids, false);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (pass == Pass::Decode) {
+      int32_t next = ids.back();
+      t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < kSteps; ++i) forward(std::span<const int32_t>(&next, 1), false);
+      s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kSteps;
+    }
+    samples.push_back(s);
+  }
+  reset();
+  std::nth_element(samples.begin(), samples.begin() + kReps / 2, samples.end());
+  PassFigure f;
+  f.seconds = samples[kReps / 2];
+  f.what = pass == Pass::Prefill ? fmt::format("prefill of {} tokens, wall time (median of {})", P, kReps)
+                                 : fmt::format("decode step after {} tokens, wall time (median of {} x {} steps)", P, kReps, kSteps);
+  return f;
 }
 
 void CpuRunner::kernel_rope(int64_t l, float* q, float* k, int64_t T, int64_t pos) {

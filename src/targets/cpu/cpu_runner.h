@@ -19,15 +19,25 @@
 
 namespace tessera {
 
+// The cpu plans: "cpu-fused" (the default) runs the linears of a stage that share their
+// input (q|k|v, gate|up) as one kernel; "cpu-naive" runs one kernel per matrix. Phases 4
+// and 5 may turn the fusion on per pass (the merge skill).
+const std::vector<std::string>& cpu_plan_names();
+// The plan's name for a fusion setting: "cpu-fused", "cpu-naive", or, when phases 4 and 5
+// fused one pass only, "cpu-fused-prefill" / "cpu-fused-decode".
+std::string cpu_plan_name(bool fused_prefill, bool fused_decode);
+
 struct CpuOptions {
   int threads = 0;                 // 0: default_threads()
+  bool fused_prefill = true;       // the merge: shared-input linears as one kernel, per pass
+  bool fused_decode = true;
   FaultSet faults;                 // --inject
   std::set<Stage> oracle_stages;   // stages run by the oracle's kernel instead (bisect)
   bool profile = false;            // accumulate wall time per stage (stage_seconds)
 };
 
 // The cpu target as the registry knows it: CpuRunner, known_faults(), and the thread count
-// a frozen plan recorded. Its only plan is "cpu-naive"; it has no devices to choose.
+// a frozen plan recorded, its plans and its skills; it has no devices to choose.
 TargetDef cpu_target_def();
 
 class CpuRunner final : public LayeredRunner {
@@ -39,11 +49,13 @@ class CpuRunner final : public LayeredRunner {
   std::string description() const override;  // "cpu (avx512bf16, 2 threads)"
   std::string isa() const override;          // cpu::isa()
   void kv_read(int64_t layer, int64_t rel, int64_t T, float* k, float* v) override;
-  // Plan "cpu-naive": every op on the cpu, one per dispatch, with the ISA, threads, the
-  // weights' residency and the KV cache.
+  // Every op on the cpu, one per dispatch, with the ISA, threads, the kernels' fusion per
+  // pass (plan["cpu"]["kernels"]), the weights' residency and the KV cache.
   nlohmann::json build_plan(const Model& model) const override;
   int64_t weight_bytes_per_token() const override;
   int64_t kv_bytes_per_position() const override;
+  // Wall time: a prefill of min(128, context) tokens, or a decode step after it (median).
+  PassFigure measure(Pass pass) override;
 
   // cpu only.
   const CpuOptions& options() const { return options_; }

@@ -23,6 +23,9 @@ const std::vector<FaultInfo>& npusim_faults() {
   // Mapping bugs (design section 5's refusals and stale/aliased buffers). Each names the
   // stage whose kernel carries it and the first phase whose gate must catch it.
   static const std::vector<FaultInfo> faults = {
+      {"merged-stale-intermediate", "attn_residual", 4,
+       "a dispatch that merges the O projection with the residual add hands the add the previous call's output (plans "
+       "without that merge are unaffected: phase 4's gate catches the merge rewrite and reverts it)"},
       {"l1-overflow", "qkv_proj", 1,
        "the projection's streamed tile is enlarged past the 64 KiB L1: the checker refuses the mapping with the numbers"},
       {"bd-exhaustion", "qkv_proj", 1,
@@ -47,18 +50,20 @@ TargetDef npusim_target_def() {
   };
   d.faults = []() -> const std::vector<FaultInfo>& { return npusim_faults(); };
   d.options_from_plan = [](const nlohmann::json& plan, TargetOptions& o) {
-    // A deployment runs the plan and device it was gated with.
-    const nlohmann::json n = plan.value("npusim", nlohmann::json::object());
-    if (o.plan_name.empty()) o.plan_name = n.value("plan", nlohmann::json::object()).value("name", "");
-    if (o.device.empty()) o.device = n.value("device", "");
+    // A deployment runs exactly the plan and the device it was gated with.
+    o.plan = plan;
+    if (o.device.empty()) o.device = plan.value("npusim", nlohmann::json::object()).value("device", "");
   };
+  d.skills = []() -> const std::vector<OptSkill>& { return npusim_skills(); };
   return d;
 }
 
 NpuSimRunner::NpuSimRunner(const Model& model, const TargetOptions& options)
     : LayeredRunner(model, options.faults, options.oracle_stages, options.profile),
       device_(npusim::load_device(options.device.empty() ? "xdna2" : options.device)),
-      plan_(npusim::named_plan(options.plan_name.empty() ? npusim::default_plan_name() : options.plan_name)),
+      plan_(!options.plan.is_null()         ? npusim::plan_from_json(options.plan.at("npusim").at("plan"))
+            : options.plan_name.empty() ? npusim::named_plan(npusim::default_plan_name())
+                                        : npusim::named_plan(options.plan_name)),
       threads_(options.threads > 0 ? options.threads : default_threads()) {
   for (const std::string& f : faults()) {
     bool known = false;
@@ -108,6 +113,21 @@ int64_t NpuSimRunner::weight_bytes_per_token() const {
 }
 
 int64_t NpuSimRunner::kv_bytes_per_position() const { return spec().n_layers * 2 * spec().kv_dim() * 2; }
+
+PassFigure NpuSimRunner::measure(Pass pass) {
+  PassFigure f;
+  f.predicted = true;
+  if (pass == Pass::Prefill) {
+    const int64_t T = std::min<int64_t>(2048, spec().max_position);
+    f.seconds = npusim::predict_prefill(plan_, spec(), device_, T).total_us / 1e6;
+    f.what = fmt::format("predicted prefill of {} tokens on {}", T, device_.name);
+  } else {
+    const int64_t C = std::min<int64_t>(512, spec().max_position - 1);
+    f.seconds = npusim::predict_decode(plan_, spec(), device_, C).total_us / 1e6;
+    f.what = fmt::format("predicted decode step at context {} on {}", C, device_.name);
+  }
+  return f;
+}
 
 nlohmann::json NpuSimRunner::predicted_figures() const {
   const int64_t T = std::min<int64_t>(2048, spec().max_position), C = std::min<int64_t>(512, spec().max_position - 1);
@@ -339,6 +359,15 @@ void NpuSimRunner::kernel_silu_mul(const float* gate, const float* up, int64_t T
 
 void NpuSimRunner::kernel_add(Stage which, float* acc, const float* x, int64_t T) {
   const int64_t n = T * spec().hidden;
+  if (which == Stage::AttnResidual && fault("merged-stale-intermediate") &&
+      plan_.shares_dispatch(Stage::OProj, Stage::AttnResidual, T == 1)) {
+    // The add reads what the O projection left in the buffer on the previous call.
+    std::vector<float> now(x, x + n);
+    stale_o_.resize(size_t(n));
+    std::swap(stale_o_, now);
+    ops_->add(acc, now.data(), n);
+    return;
+  }
   if (where(which, T) == Placement::Host) {
     on_host(which);
     for (int64_t i = 0; i < n; ++i) acc[i] += x[i];

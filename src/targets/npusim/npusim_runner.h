@@ -28,6 +28,9 @@ class NpuOps;
 // device profiles built in (xdna2) or from a JSON file; the four mapping faults.
 TargetDef npusim_target_def();
 const std::vector<FaultInfo>& npusim_faults();
+// Phases 4 and 5's plan rewrites on npusim (targets/npusim/skills.cc): promote, merge,
+// buffer-reuse, zero-copy.
+const std::vector<OptSkill>& npusim_skills();
 
 class NpuSimRunner final : public LayeredRunner {
  public:
@@ -45,6 +48,8 @@ class NpuSimRunner final : public LayeredRunner {
   int64_t kv_bytes_per_position() const override;
   // Predicted prefill (2048 tokens, or the model's context if shorter) and decode at 512.
   nlohmann::json predicted_figures() const override;
+  // The timing model's prediction for the plan (deterministic): the same figures.
+  PassFigure measure(Pass pass) override;
 
   const npusim::Device& device() const { return device_; }
   const npusim::NpuPlan& plan() const { return plan_; }
@@ -79,6 +84,7 @@ class NpuSimRunner final : public LayeredRunner {
   std::map<Stage, int64_t> host_calls_;
   int64_t host_softmax_calls_ = 0;
   std::vector<float> scratch_;
+  std::vector<float> stale_o_;  // merged-stale-intermediate: the previous call's O output
 };
 
 }  // namespace tessera

@@ -146,6 +146,19 @@ std::vector<std::string> NpuPlan::host_stages(bool decode_step) const {
   return out;
 }
 
+bool NpuPlan::shares_dispatch(Stage a, Stage b, bool decode_step) const {
+  for (const PlanDispatch* d : all_dispatches(pass(decode_step))) {
+    if (d->host()) continue;
+    bool has_a = false, has_b = false;
+    for (const PlanStep& s : d->steps) {
+      has_a |= s.stage == a && s.placement != Placement::Host;
+      has_b |= s.stage == b && s.placement != Placement::Host;
+    }
+    if (has_a && has_b) return true;
+  }
+  return false;
+}
+
 int NpuPlan::dispatches_per_layer(bool decode_step) const {
   int n = 0;
   for (const PlanDispatch& d : pass(decode_step).layer) n += d.host() ? 0 : 1;

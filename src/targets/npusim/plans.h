@@ -58,6 +58,8 @@ struct NpuPlan {
   // The stages a pass leaves on the host, by plan choice (the report lists them).
   std::vector<std::string> host_stages(bool decode_step) const;
   int dispatches_per_layer(bool decode_step) const;  // NPU dispatches only
+  // Whether stages a and b run in the same NPU dispatch of a pass.
+  bool shares_dispatch(Stage a, Stage b, bool decode_step) const;
   nlohmann::json to_json() const;
 };
 

@@ -1,0 +1,223 @@
+// Phases 4 and 5 (ARCHITECTURE section 5): the target's optimization skills rewrite the plan
+// phase 3 validated, one rewrite at a time, prefill first (phase 4), then decode (phase 5).
+// Every rewrite is gated (phase 3's gate, re-run on a runner built from the rewritten plan:
+// reverted on failure) and measured (reverted unless its pass got strictly faster); every
+// step is logged in perf_opt_traj.md and in the phase's record (report.json).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "pipeline/phases.h"
+#include "targets/registry.h"
+#include "util/error.h"
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+using gates::GateResult;
+
+namespace {
+
+constexpr const char* kValidatedPlan = "plan_validated.json";  // the plan phases 1-3 gated
+
+struct Gated {
+  bool pass = true;
+  std::vector<GateResult> rows;
+  std::string first_failure;
+};
+
+// Phase 3's gate on `runner`; for the decode pass, each prompt's last token runs as a decode step.
+Gated model_gate(PhaseContext& ctx, StagedRunner& runner, Pass pass) {
+  Gated g;
+  for (const CanonicalPrompt& p : canonical_prompts(ctx.tokenizer())) {
+    GateResult row = GateResult::from_json(model_gate_record(ctx, runner, p, pass == Pass::Decode)["gate"]);
+    if (!row.pass() && g.first_failure.empty()) g.first_failure = row.subject;
+    g.pass = g.pass && row.pass();
+    g.rows.push_back(std::move(row));
+  }
+  return g;
+}
+
+// Figures of the current plan and a candidate. A model's predictions are deterministic: one
+// each, and both passes (a plan-wide rewrite must not slow the other pass). Wall times are
+// sampled alternately, current then candidate, so that a drift of the machine hits both.
+struct Comparison {
+  PassFigure before, after;
+  double other_before = 0, other_after = 0;  // the other pass (predicted figures only)
+  bool keep = false;
+};
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+Comparison compare(StagedRunner& cur, StagedRunner& cand, Pass pass) {
+  Comparison c;
+  c.before = cur.measure(pass);
+  c.after = cand.measure(pass);
+  if (c.before.predicted) {
+    const Pass other = pass == Pass::Prefill ? Pass::Decode : Pass::Prefill;
+    c.other_before = cur.measure(other).seconds;
+    c.other_after = cand.measure(other).seconds;
+    c.keep = c.after.seconds < c.before.seconds && c.other_after <= c.other_before;
+    return c;
+  }
+  std::vector<double> a = {c.before.seconds}, b = {c.after.seconds};
+  for (int round = 0; round < 2; ++round) {
+    a.push_back(cur.measure(pass).seconds);
+    b.push_back(cand.measure(pass).seconds);
+  }
+  c.before.seconds = median(a);
+  c.after.seconds = median(b);
+  c.before.what += ", median of 3 alternated with the candidate";
+  c.after.what = c.before.what;
+  c.keep = c.after.seconds < c.before.seconds;
+  return c;
+}
+
+std::string ms(double s) { return fmt::format("{:.3f} ms", s * 1e3); }
+
+// A Markdown table cell: pipes escaped ("q|k|v").
+std::string cell(std::string s) {
+  for (size_t i = s.find('|'); i != std::string::npos; i = s.find('|', i + 2)) s.insert(i, "\\");
+  return s;
+}
+
+}  // namespace
+
+// perf_opt_traj.md: one section per optimization phase that has run, from its phase record.
+void write_perf_trajectory(Deployment& dep) {
+  std::string md = "# Optimization trajectory\n\nEvery plan rewrite phases 4 and 5 tried: the skill, the figure before "
+                   "and after, the phase-3 gate on the rewritten plan, and whether it was kept (gate passed and "
+                   "strictly faster) or reverted.\n";
+  for (int id : {4, 5}) {
+    const fs::path f = dep.file(fmt::format("phase{}.json", id));
+    if (!fs::exists(f)) continue;
+    const nlohmann::json d = read_json_file(f)["details"];
+    if (!d.contains("steps")) continue;
+    md += fmt::format("\n## Phase {}: {}\n\nFigure: {}. Starting plan `{}`: {}.\n\n", id, id == 4 ? "prefill" : "decode",
+                      d.value("figure", ""), d.value("start_plan", ""), ms(d.value("start_s", 0.0)));
+    md += "| step | skill | rewrite | before | after | gate | result |\n|---|---|---|---|---|---|---|\n";
+    int n = 0;
+    for (const auto& s : d["steps"]) {
+      const bool tried = s.contains("after_s");
+      md += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", ++n, s.value("skill", ""), cell(s.value("what", "")),
+                        tried ? ms(s.value("before_s", 0.0)) : "-", tried ? ms(s.value("after_s", 0.0)) : "-",
+                        s.value("gate", "-"), cell(s.value("result", "")));
+    }
+    md += fmt::format("\nFinal plan `{}`: {} ({:.2f}x the start).\n", d.value("final_plan", ""), ms(d.value("final_s", 0.0)),
+                      d.value("start_s", 0.0) / std::max(d.value("final_s", 1.0), 1e-12));
+  }
+  write_file_atomic(dep.file("perf_opt_traj.md"), md);
+}
+
+namespace {
+
+PhaseOutcome optimize_pass(PhaseContext& ctx, Pass pass, int phase_id) {
+  PhaseOutcome out;
+  const TargetDef& def = target_def(ctx.opts.target);
+  // Phase 4 starts from the plan phases 1-3 validated (kept aside, so that --from-phase 4
+  // starts from it again); phase 5 from phase 4's result.
+  nlohmann::json plan;
+  if (pass == Pass::Prefill) {
+    if (!fs::exists(ctx.dep.file(kValidatedPlan))) write_json_atomic(ctx.dep.file(kValidatedPlan), read_json_file(ctx.dep.file("plan.json")));
+    plan = read_json_file(ctx.dep.file(kValidatedPlan));
+  } else {
+    plan = read_json_file(ctx.dep.file("plan.json"));
+  }
+  plan.erase("frozen");
+  plan.erase("op_counters_phase6");
+
+  const std::string start_plan = plan.value("name", "");
+  std::unique_ptr<StagedRunner> cur = ctx.make_runner(plan);
+  ctx.progress(fmt::format("[phase {}] gating the starting plan '{}'", phase_id, plan.value("name", "")));
+  Gated cur_gate = model_gate(ctx, *cur, pass);
+  const PassFigure start = cur->measure(pass);
+  double cur_s = start.seconds;
+  nlohmann::json steps = nlohmann::json::array();
+  int tried = 0, kept = 0;
+  const std::vector<OptSkill> none;
+  for (const OptSkill& skill : def.skills ? def.skills() : none) {
+    // Proposals are re-drawn from the current plan after every kept rewrite (a rewrite is a
+    // whole plan: one drawn from an older plan would undo what was kept since).
+    std::set<std::string> done;
+    std::string why_not;
+    for (;;) {
+      const std::vector<PlanRewrite> rewrites = skill.propose(plan, pass, why_not);
+      auto next = std::find_if(rewrites.begin(), rewrites.end(), [&](const PlanRewrite& r) { return !done.count(r.what); });
+      if (next == rewrites.end()) break;
+      const PlanRewrite& rw = *next;
+      done.insert(rw.what);
+      ++tried;
+      ctx.progress(fmt::format("[phase {}] {}: {}", phase_id, skill.name, rw.what));
+      nlohmann::json step = {{"skill", skill.name}, {"what", rw.what}};
+      std::unique_ptr<StagedRunner> cand;
+      Gated g;
+      try {
+        cand = ctx.make_runner(rw.plan);
+        g = model_gate(ctx, *cand, pass);
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        step["gate"] = "refused";
+        step["result"] = "reverted: the target refused the plan: " + what.substr(0, what.find('\n'));
+        steps.push_back(step);
+        continue;
+      }
+      step["gate"] = g.pass ? "pass" : "FAIL";
+      if (!g.pass) {
+        step["result"] = "reverted: the phase-3 gate failed on " + g.first_failure;
+        steps.push_back(step);
+        continue;
+      }
+      const Comparison c = compare(*cur, *cand, pass);
+      step["before_s"] = c.before.seconds;
+      step["after_s"] = c.after.seconds;
+      if (c.before.predicted) {
+        step["other_pass_before_s"] = c.other_before;
+        step["other_pass_after_s"] = c.other_after;
+      }
+      if (c.keep) {
+        ++kept;
+        nlohmann::json next = cand->build_plan(ctx.model);
+        if (plan.contains("optimized")) next["optimized"] = plan["optimized"];  // phase 4's record, in phase 5
+        plan = std::move(next);
+        cur = std::move(cand);
+        cur_gate = std::move(g);
+        cur_s = c.after.seconds;
+        step["result"] = fmt::format("kept ({:.2f}x)", c.before.seconds / std::max(c.after.seconds, 1e-12));
+      } else {
+        step["result"] = c.after.seconds >= c.before.seconds
+                             ? "reverted: not faster"
+                             : fmt::format("reverted: slows the other pass ({} -> {})", ms(c.other_before), ms(c.other_after));
+      }
+      steps.push_back(step);
+    }
+    if (done.empty()) steps.push_back({{"skill", skill.name}, {"what", why_not}, {"result", "skipped: precondition not met"}});
+  }
+  // The plan this phase hands on, with its own record of how it came about.
+  plan["optimized"][pass_name(pass)] = {{"phase", phase_id}, {"start_s", start.seconds}, {"final_s", cur_s}, {"figure", start.what},
+                                        {"rewrites_tried", tried}, {"rewrites_kept", kept}};
+  write_json_atomic(ctx.dep.file("plan.json"), plan);
+  ctx.use_plan(plan);
+
+  out.gates = cur_gate.rows;
+  out.pass = cur_gate.pass;  // every kept rewrite was strictly faster than the plan before it
+  out.details = {{"pass", pass_name(pass)}, {"figure", start.what}, {"predicted", start.predicted},
+                 {"start_plan", start_plan},
+                 {"final_plan", plan.value("name", "")},  {"start_s", start.seconds}, {"final_s", cur_s}, {"steps", steps}};
+  out.summary = fmt::format("{} rewrites tried, {} kept: {} {} -> {} ({:.2f}x){}", tried, kept, pass_name(pass), ms(start.seconds),
+                            ms(cur_s), start.seconds / std::max(cur_s, 1e-12), start.predicted ? ", predicted" : "");
+  if (!out.pass) out.diagnosis = "the plan this phase starts from fails the phase-3 gate: " + cur_gate.first_failure;
+  return out;
+}
+
+}  // namespace
+
+PhaseOutcome run_phase4_prefill_opt(PhaseContext& ctx) { return optimize_pass(ctx, Pass::Prefill, 4); }
+
+PhaseOutcome run_phase5_decode_opt(PhaseContext& ctx) { return optimize_pass(ctx, Pass::Decode, 5); }
+
+}  // namespace tessera

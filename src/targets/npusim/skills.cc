@@ -1,0 +1,137 @@
+// npusim's optimization skills (ARCHITECTURE section 5), each a rewrite of the NpuPlan held in
+// a deployment plan's "npusim.plan". The pipeline gates and measures every rewrite (phases
+// 4 and 5); here they only propose. The moves are the reference deployment's:
+//   promote       an op the plan leaves on the host onto the NPU, one op per rewrite;
+//   merge         consecutive NPU dispatches of the pass into one, up to the boundaries the
+//                 hardware imposes (a host op ends a dispatch: a dispatch is one host call);
+//   buffer-reuse  weights resident in device memory per layer; intermediates never synced;
+//   zero-copy     host-visible buffers mapped instead of copied.
+#include <fmt/format.h>
+
+#include "targets/npusim/npusim_runner.h"
+#include "targets/npusim/plans.h"
+
+namespace tessera {
+
+namespace {
+
+using npusim::NpuPlan;
+using npusim::Placement;
+using npusim::PlanDispatch;
+
+NpuPlan npu_plan(const nlohmann::json& plan) { return npusim::plan_from_json(plan.at("npusim").at("plan")); }
+
+// The deployment plan with `np` in place, named and described as rewritten.
+PlanRewrite rewrite(const nlohmann::json& plan, NpuPlan np, const std::string& what) {
+  if (!np.name.ends_with("+opt")) np.name += "+opt";
+  np.description += "; then " + what;
+  nlohmann::json next = plan;
+  next["npusim"]["plan"] = np.to_json();
+  return {what, next};
+}
+
+std::vector<std::vector<PlanDispatch>*> lists(NpuPlan::Pass& pass) { return {&pass.embedding, &pass.layer, &pass.head}; }
+
+NpuPlan::Pass& pass_of(NpuPlan& np, Pass pass) { return pass == Pass::Decode ? np.decode : np.prefill; }
+
+// One rewrite per host-placed step of the pass. The step leaves its dispatch for one of its
+// own on the NPU (a dispatch is one host call: it cannot hold host work), in place.
+std::vector<PlanRewrite> propose_promote(const nlohmann::json& plan, Pass pass, std::string& why_not) {
+  const NpuPlan base = npu_plan(plan);
+  std::vector<PlanRewrite> out;
+  NpuPlan probe = base;
+  const auto probe_lists = lists(pass_of(probe, pass));
+  for (size_t li = 0; li < probe_lists.size(); ++li)
+    for (size_t di = 0; di < probe_lists[li]->size(); ++di)
+      for (size_t si = 0; si < (*probe_lists[li])[di].steps.size(); ++si) {
+        const npusim::PlanStep step = (*probe_lists[li])[di].steps[si];
+        if (step.placement == Placement::Npu) continue;
+        NpuPlan np = base;
+        std::vector<PlanDispatch>& list = *lists(pass_of(np, pass))[li];
+        const PlanDispatch d = list[di];
+        std::vector<PlanDispatch> split;
+        PlanDispatch before{d.name, {}}, after{d.name, {}};
+        for (size_t k = 0; k < d.steps.size(); ++k)
+          if (k < si) before.steps.push_back(d.steps[k]);
+          else if (k > si) after.steps.push_back(d.steps[k]);
+        if (!before.steps.empty()) split.push_back(before);
+        split.push_back({stage_name(step.stage), {{step.stage, Placement::Npu}}});
+        if (!after.steps.empty()) split.push_back(after);
+        list.erase(list.begin() + long(di));
+        list.insert(list.begin() + long(di), split.begin(), split.end());
+        const std::string what =
+            step.placement == Placement::NpuWithHostSoftmax
+                ? fmt::format("{} wholly on the NPU (its softmax leaves the host) in {}", stage_name(step.stage), pass_name(pass))
+                : fmt::format("{} onto the NPU in {}", stage_name(step.stage), pass_name(pass));
+        out.push_back(rewrite(plan, np, what));
+      }
+  if (out.empty()) why_not = fmt::format("every op of the {} pass already runs on the NPU", pass_name(pass));
+  return out;
+}
+
+// Consecutive NPU dispatches of each list (embedding, layer, head) become one; a host
+// dispatch is the boundary.
+std::vector<PlanRewrite> propose_merge(const nlohmann::json& plan, Pass pass, std::string& why_not) {
+  NpuPlan np = npu_plan(plan);
+  bool merged_any = false;
+  for (std::vector<PlanDispatch>* list : lists(pass_of(np, pass))) {
+    std::vector<PlanDispatch> out;
+    for (const PlanDispatch& d : *list) {
+      if (!out.empty() && !out.back().host() && !d.host()) {
+        out.back().name += "+" + d.name;
+        out.back().steps.insert(out.back().steps.end(), d.steps.begin(), d.steps.end());
+        merged_any = true;
+      } else {
+        out.push_back(d);
+      }
+    }
+    *list = std::move(out);
+  }
+  if (!merged_any) {
+    why_not = fmt::format("no two NPU dispatches of the {} pass are adjacent", pass_name(pass));
+    return {};
+  }
+  return {rewrite(plan, np, fmt::format("adjacent NPU dispatches merged in {} ({} per layer)", pass_name(pass),
+                                        np.dispatches_per_layer(pass == Pass::Decode)))};
+}
+
+std::vector<PlanRewrite> propose_buffer_reuse(const nlohmann::json& plan, Pass, std::string& why_not) {
+  std::vector<PlanRewrite> out;
+  const NpuPlan base = npu_plan(plan);
+  if (!base.weights_resident) {
+    NpuPlan np = base;
+    np.weights_resident = true;
+    out.push_back(rewrite(plan, np, "weights resident in device memory per layer"));
+  }
+  if (!base.intermediates_on_device) {
+    NpuPlan np = base;
+    np.intermediates_on_device = true;
+    out.push_back(rewrite(plan, np, "intermediates kept on the device between a dispatch's launches"));
+  }
+  if (out.empty()) why_not = "weights are resident and intermediates stay on the device already";
+  return out;
+}
+
+std::vector<PlanRewrite> propose_zero_copy(const nlohmann::json& plan, Pass, std::string& why_not) {
+  NpuPlan np = npu_plan(plan);
+  if (np.zero_copy) {
+    why_not = "host buffers are mapped already";
+    return {};
+  }
+  np.zero_copy = true;
+  return {rewrite(plan, np, "host buffers mapped zero-copy")};
+}
+
+}  // namespace
+
+const std::vector<OptSkill>& npusim_skills() {
+  static const std::vector<OptSkill> skills = {
+      {"promote", "move an op the plan leaves on the host onto the NPU", propose_promote},
+      {"merge", "group consecutive NPU launches into one dispatch (a host op is a boundary)", propose_merge},
+      {"buffer-reuse", "keep weights resident per layer and intermediates on the device", propose_buffer_reuse},
+      {"zero-copy", "map host-visible buffers instead of copying them", propose_zero_copy},
+  };
+  return skills;
+}
+
+}  // namespace tessera
