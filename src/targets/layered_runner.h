@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "io/layer_params.h"
+#include "targets/bf16_weights.h"
 #include "targets/staged_runner.h"
 
 namespace tessera {
@@ -59,6 +60,11 @@ class LayeredRunner : public StagedRunner {
   bool fault(const char* name) const { return faults_.count(name) > 0; }
   const FaultSet& faults() const { return faults_; }
   const LayerParams& layer(int64_t l) const;
+  // Every matrix the forward pass multiplies by (each layer's q, k, v, o, gate, up, down),
+  // the embedding table and the LM head, into the target's bf16 store.
+  void load_matrices(Bf16WeightStore& store) const;
+  // Bytes of those matrices one decode step reads: every layer's seven and the LM head.
+  int64_t decode_weight_bytes(const Bf16WeightStore& store) const;
   const std::vector<float>& norm_weight(Stage which, int64_t layer) const;
   // Frequencies for RoPE; `unscaled` ignores the llama3 scaling (for a fault that forgets it).
   const std::vector<float>& inv_freq(bool unscaled = false) const { return unscaled ? inv_freq_unscaled_ : inv_freq_; }

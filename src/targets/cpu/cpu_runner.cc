@@ -110,18 +110,12 @@ TargetDef cpu_target_def() {
 
 CpuRunner::CpuRunner(const Model& model, CpuOptions options)
     : LayeredRunner(model, options.faults, options.oracle_stages, options.profile), options_(std::move(options)) {
-  for (const std::string& f : options_.faults) fault_info(f);  // refuses unknown names
   pool_ = std::make_unique<cpu::ThreadPool>(options_.threads > 0 ? options_.threads : default_threads());
   weights_ = std::make_unique<Bf16WeightStore>(
       [this](int64_t n, const std::function<void(int64_t, int64_t)>& body) { pool_->parallel_for(n, body); });
   const ModelSpec& s = model.spec();
   cache_ = std::make_unique<cpu::KvCache>(s.n_layers, s.kv_dim());
-  for (int64_t l = 0; l < s.n_layers; ++l) {
-    const LayerParams& L = layer(l);
-    for (const Weight* w : {L.q, L.k, L.v, L.o, L.gate, L.up, L.down}) weights_->load(*w);
-  }
-  weights_->load(model.get("model.embed_tokens.weight"));
-  weights_->load(model.lm_head());
+  load_matrices(*weights_);
 }
 
 CpuRunner::~CpuRunner() = default;
@@ -156,17 +150,7 @@ nlohmann::json CpuRunner::build_plan(const Model& model) const {
 
 const cpu::Bf16Matrix& CpuRunner::matrix(const std::string& name) const { return weights_->get(name); }
 
-int64_t CpuRunner::weight_bytes_per_token() const {
-  // Every layer matrix once, plus the LM head (the embedding row read is negligible).
-  int64_t bytes = 0;
-  for (int64_t l = 0; l < spec().n_layers; ++l)
-    for (const Weight* w : {layer(l).q, layer(l).k, layer(l).v, layer(l).o, layer(l).gate, layer(l).up, layer(l).down}) {
-      const cpu::Bf16Matrix& m = matrix(w->name);
-      bytes += m.rows * m.cols * 2;
-    }
-  const cpu::Bf16Matrix& head = matrix(model_.lm_head().name);
-  return bytes + head.rows * head.cols * 2;
-}
+int64_t CpuRunner::weight_bytes_per_token() const { return decode_weight_bytes(*weights_); }
 
 int64_t CpuRunner::kv_bytes_per_position() const { return cache_->bytes_per_position(); }
 

@@ -65,22 +65,12 @@ NpuSimRunner::NpuSimRunner(const Model& model, const TargetOptions& options)
             : options.plan_name.empty() ? npusim::named_plan(npusim::default_plan_name())
                                         : npusim::named_plan(options.plan_name)),
       threads_(options.threads > 0 ? options.threads : default_threads()) {
-  for (const std::string& f : faults()) {
-    bool known = false;
-    for (const FaultInfo& k : npusim_faults()) known |= k.name == f;
-    if (!known) fail("npusim target: unknown fault '{}'", f);
-  }
   ops_ = std::make_unique<npusim::NpuOps>(device_, threads_);
   host_pool_ = std::make_unique<cpu::ThreadPool>(threads_);
   weights_ = std::make_unique<Bf16WeightStore>(
       [this](int64_t n, const std::function<void(int64_t, int64_t)>& body) { host_pool_->parallel_for(n, body); });
   const ModelSpec& s = model.spec();
-  for (int64_t l = 0; l < s.n_layers; ++l) {
-    const LayerParams& L = layer(l);
-    for (const Weight* w : {L.q, L.k, L.v, L.o, L.gate, L.up, L.down}) weights_->load(*w);
-  }
-  weights_->load(model.get("model.embed_tokens.weight"));
-  weights_->load(model.lm_head());
+  load_matrices(*weights_);
   kv_.resize(size_t(s.n_layers));
 
   // The faults, as mapping bugs of one op's launches.
@@ -104,13 +94,7 @@ std::string NpuSimRunner::description() const {
 
 std::string NpuSimRunner::isa() const { return "aie2p (modelled)"; }
 
-int64_t NpuSimRunner::weight_bytes_per_token() const {
-  int64_t bytes = 0;
-  for (int64_t l = 0; l < spec().n_layers; ++l)
-    for (const Weight* w : {layer(l).q, layer(l).k, layer(l).v, layer(l).o, layer(l).gate, layer(l).up, layer(l).down})
-      bytes += weights_->get(w->name).bytes();
-  return bytes + weights_->get(model_.lm_head().name).bytes();
-}
+int64_t NpuSimRunner::weight_bytes_per_token() const { return decode_weight_bytes(*weights_); }
 
 int64_t NpuSimRunner::kv_bytes_per_position() const { return spec().n_layers * 2 * spec().kv_dim() * 2; }
 
