@@ -60,7 +60,10 @@ TargetDef npusim_target_def() {
 
 NpuSimRunner::NpuSimRunner(const Model& model, const TargetOptions& options)
     : LayeredRunner(model, options.faults, options.oracle_stages, options.profile),
-      device_(npusim::load_device(options.device.empty() ? "xdna2" : options.device)),
+      device_(npusim::load_device(!options.device.empty() ? options.device
+                                  : !options.plan.is_null()
+                                      ? options.plan.value("npusim", nlohmann::json::object()).value("device", "xdna2")
+                                      : std::string("xdna2"))),
       plan_(!options.plan.is_null()         ? npusim::plan_from_json(options.plan.at("npusim").at("plan"))
             : options.plan_name.empty() ? npusim::named_plan(npusim::default_plan_name())
                                         : npusim::named_plan(options.plan_name)),
