@@ -152,6 +152,14 @@ TEST(Optimize, FromPhase4StartsFromTheValidatedPlan) {
   EXPECT_EQ(read_json_file(dep / "phase4.json")["details"]["start_plan"], "naive");
   // The model's figures are deterministic: the same path, the same plan.
   EXPECT_EQ(read_json_file(dep / "plan.json")["npusim"], first["npusim"]);
+  // --from-phase 5 starts from phase 4's result (the same start figure as the first time),
+  // not from the plan phase 5 itself produced.
+  const nlohmann::json d5 = read_json_file(dep / "phase5.json")["details"];
+  o.from_phase = 5;
+  ASSERT_TRUE(deploy(o).pass);
+  EXPECT_EQ(read_json_file(dep / "phase5.json")["details"]["start_s"], d5["start_s"]);
+  EXPECT_EQ(read_json_file(dep / "phase5.json")["details"]["steps"], d5["steps"]);
+  EXPECT_EQ(read_json_file(dep / "plan.json")["npusim"], first["npusim"]);
 }
 
 }  // namespace

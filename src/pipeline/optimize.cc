@@ -21,6 +21,7 @@ using gates::GateResult;
 namespace {
 
 constexpr const char* kValidatedPlan = "plan_validated.json";  // the plan phases 1-3 gated
+constexpr const char* kPrefillPlan = "plan_phase4.json";         // phase 4's result: where phase 5 starts
 
 struct Gated {
   bool pass = true;
@@ -119,14 +120,14 @@ namespace {
 PhaseOutcome optimize_pass(PhaseContext& ctx, Pass pass, int phase_id) {
   PhaseOutcome out;
   const TargetDef& def = target_def(ctx.opts.target);
-  // Phase 4 starts from the plan phases 1-3 validated (kept aside, so that --from-phase 4
-  // starts from it again); phase 5 from phase 4's result.
+  // Phase 4 starts from the plan phases 1-3 validated, phase 5 from phase 4's result; both
+  // are kept aside, so that --from-phase 4 or 5 starts from the same plan again.
   nlohmann::json plan;
   if (pass == Pass::Prefill) {
     if (!fs::exists(ctx.dep.file(kValidatedPlan))) write_json_atomic(ctx.dep.file(kValidatedPlan), read_json_file(ctx.dep.file("plan.json")));
     plan = read_json_file(ctx.dep.file(kValidatedPlan));
   } else {
-    plan = read_json_file(ctx.dep.file("plan.json"));
+    plan = read_json_file(ctx.dep.file(fs::exists(ctx.dep.file(kPrefillPlan)) ? kPrefillPlan : "plan.json"));
   }
   plan.erase("frozen");
   plan.erase("op_counters_phase6");
@@ -206,6 +207,7 @@ PhaseOutcome optimize_pass(PhaseContext& ctx, Pass pass, int phase_id) {
   plan["optimized"][pass_name(pass)] = {{"phase", phase_id}, {"start_s", start.seconds}, {"final_s", cur_s}, {"figure", start.what},
                                         {"rewrites_tried", tried}, {"rewrites_kept", kept}};
   write_json_atomic(ctx.dep.file("plan.json"), plan);
+  if (pass == Pass::Prefill) write_json_atomic(ctx.dep.file(kPrefillPlan), plan);
   ctx.use_plan(plan);
 
   out.gates = cur_gate.rows;
