@@ -61,9 +61,10 @@ TEST_P(NpusimDeployTiny, EveryGatePassesWithNothingOnTheHost) {
 
 std::vector<std::string> npusim_presets() {
 #ifdef TESSERA_SANITIZED
-  // Several times slower under ASan/UBSan: one preset here; the naive-plan and fault tests
-  // cover the other code paths, and the Release run deploys all eleven.
-  return {"Llama-3.2-1B"};
+  // Several times slower under ASan/UBSan: one preset here (a small vocabulary: the simulated
+  // LM head dominates); the fault and optimization tests cover the other code paths, and
+  // the Release run deploys all eleven.
+  return {"SmolLM2-360M"};
 #else
   std::vector<std::string> names;
   for (const Preset& p : presets()) names.push_back(p.name);
@@ -95,6 +96,9 @@ TEST(NpusimDeploy, DefaultModelDeploys) {
 // choice: the plan says so. Phases 4 and 5 then keep or move them by measure; whatever the
 // final plan leaves on the host is listed, and the counters show exactly those on the host.
 TEST(NpusimDeploy, NaivePlanListsItsHostOpsAndCountsThem) {
+#ifdef TESSERA_SANITIZED
+  GTEST_SKIP() << "the Release run's (host-placed ops run under sanitizers in Optimize.NpusimMerge*)";
+#endif
   ScratchDir out("npusim_naive");
   const DeployResult r = deploy(npusim_options("Qwen3-0.6B", out.str("dep"), "naive"));
   ASSERT_TRUE(r.pass) << "phase " << r.failed_phase << ": " << r.diagnosis;

@@ -89,6 +89,9 @@ TEST(Optimize, CpuRewriteThatBreaksTheNumbersIsReverted) {
 // decisions follow the timing model (deterministic), and the plan that reaches phase 6 is
 // the optimized one.
 TEST(Optimize, NpusimFromNaiveReachesAFasterPlan) {
+#ifdef TESSERA_SANITIZED
+  GTEST_SKIP() << "the Release run's (Optimize.NpusimMerge* runs the same phases from naive under sanitizers)";
+#endif
   ScratchDir out("opt_npu");
   DeployOptions o = deploy_options(tiny_model("Llama-3.2-1B"), out.str("dep"));
   o.target = "npusim";
@@ -122,7 +125,7 @@ TEST(Optimize, NpusimFromNaiveReachesAFasterPlan) {
 // is reverted; the deployment passes on the unmerged plan.
 TEST(Optimize, NpusimMergeThatBreaksTheNumbersIsReverted) {
   ScratchDir out("opt_npu_bad");
-  DeployOptions o = deploy_options(tiny_model("Llama-3.2-1B"), out.str("dep"), {"merged-stale-intermediate"});
+  DeployOptions o = deploy_options(tiny_model("SmolLM2-360M"), out.str("dep"), {"merged-stale-intermediate"});
   o.target = "npusim";
   o.plan_name = "naive";
   const DeployResult r = deploy(o);
