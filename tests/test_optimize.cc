@@ -31,6 +31,15 @@ std::vector<std::pair<std::string, std::string>> steps(const fs::path& dep, int 
   return out;
 }
 
+// A tiny preset deployed on `target` from the named `plan`.
+DeployOptions from_plan(const std::string& target, const std::string& plan, const std::string& preset, const std::string& out,
+                        FaultSet faults = {}) {
+  DeployOptions o = deploy_options(tiny_model(preset), out, std::move(faults));
+  o.target = target;
+  o.plan_name = plan;
+  return o;
+}
+
 bool has_step(const std::vector<std::pair<std::string, std::string>>& steps, const std::string& skill, const std::string& prefix) {
   for (const auto& [k, r] : steps)
     if (k == skill && r.rfind(prefix, 0) == 0) return true;
@@ -41,8 +50,7 @@ bool has_step(const std::vector<std::pair<std::string, std::string>>& steps, con
 // the phases hand to phase 6 is the one they kept.
 TEST(Optimize, CpuPhasesTryMergeFromTheNaivePlan) {
   ScratchDir out("opt_cpu");
-  DeployOptions o = deploy_options(tiny_model("SmolLM2-360M"), out.str("dep"));
-  o.plan_name = "cpu-naive";
+  DeployOptions o = from_plan("cpu", "cpu-naive", "SmolLM2-360M", out.str("dep"));
   const DeployResult r = deploy(o);
   ASSERT_TRUE(r.pass) << "phase " << r.failed_phase << ": " << r.diagnosis;
   const fs::path dep = out.path() / "dep";
@@ -73,8 +81,7 @@ TEST(Optimize, CpuPhasesTryMergeFromTheNaivePlan) {
 // alone (phases 0-3 pass) but corrupts the fused kernel the merge rewrite turns on.
 TEST(Optimize, CpuRewriteThatBreaksTheNumbersIsReverted) {
   ScratchDir out("opt_cpu_bad");
-  DeployOptions o = deploy_options(tiny_model("SmolLM2-360M"), out.str("dep"), {"fused-qkv-swap"});
-  o.plan_name = "cpu-naive";
+  DeployOptions o = from_plan("cpu", "cpu-naive", "SmolLM2-360M", out.str("dep"), {"fused-qkv-swap"});
   const DeployResult r = deploy(o);
   ASSERT_TRUE(r.pass) << "phase " << r.failed_phase << ": " << r.diagnosis;
   const fs::path dep = out.path() / "dep";
@@ -93,9 +100,7 @@ TEST(Optimize, NpusimFromNaiveReachesAFasterPlan) {
   GTEST_SKIP() << "the Release run's (Optimize.NpusimMerge* runs the same phases from naive under sanitizers)";
 #endif
   ScratchDir out("opt_npu");
-  DeployOptions o = deploy_options(tiny_model("Llama-3.2-1B"), out.str("dep"));
-  o.target = "npusim";
-  o.plan_name = "naive";
+  DeployOptions o = from_plan("npusim", "naive", "Llama-3.2-1B", out.str("dep"));
   const DeployResult r = deploy(o);
   ASSERT_TRUE(r.pass) << "phase " << r.failed_phase << ": " << r.diagnosis;
   const fs::path dep = out.path() / "dep";
@@ -125,9 +130,7 @@ TEST(Optimize, NpusimFromNaiveReachesAFasterPlan) {
 // is reverted; the deployment passes on the unmerged plan.
 TEST(Optimize, NpusimMergeThatBreaksTheNumbersIsReverted) {
   ScratchDir out("opt_npu_bad");
-  DeployOptions o = deploy_options(tiny_model("SmolLM2-360M"), out.str("dep"), {"merged-stale-intermediate"});
-  o.target = "npusim";
-  o.plan_name = "naive";
+  DeployOptions o = from_plan("npusim", "naive", "SmolLM2-360M", out.str("dep"), {"merged-stale-intermediate"});
   const DeployResult r = deploy(o);
   ASSERT_TRUE(r.pass) << "phase " << r.failed_phase << ": " << r.diagnosis;
   const fs::path dep = out.path() / "dep";
@@ -144,9 +147,7 @@ TEST(Optimize, FromPhase4StartsFromTheValidatedPlan) {
   GTEST_SKIP() << "the Release run's (two deploys; the code paths are the other tests')";
 #endif
   ScratchDir out("opt_again");
-  DeployOptions o = deploy_options(tiny_model("SmolLM2-360M"), out.str("dep"));
-  o.target = "npusim";
-  o.plan_name = "naive";
+  DeployOptions o = from_plan("npusim", "naive", "SmolLM2-360M", out.str("dep"));
   ASSERT_TRUE(deploy(o).pass);
   const fs::path dep = out.path() / "dep";
   const nlohmann::json first = read_json_file(dep / "plan.json");

@@ -18,6 +18,7 @@
 #include "targets/npusim/predict.h"
 #include "targets/registry.h"
 #include "util/error.h"
+#include "util/stats.h"
 #include "util/parallel.h"
 
 namespace tessera::cli {
@@ -43,11 +44,6 @@ constexpr int64_t kPairedBandwidthBytes = int64_t(512) << 20;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 // npusim: the NPU's speed is the timing model's prediction (nothing runs on an NPU here);

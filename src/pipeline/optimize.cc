@@ -12,6 +12,7 @@
 #include "pipeline/phases.h"
 #include "targets/registry.h"
 #include "util/error.h"
+#include "util/stats.h"
 
 namespace tessera {
 
@@ -49,11 +50,6 @@ struct Comparison {
   double other_before = 0, other_after = 0;  // the other pass (predicted figures only)
   bool keep = false;
 };
-
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
-  return v[v.size() / 2];
-}
 
 Comparison compare(StagedRunner& cur, StagedRunner& cand, Pass pass) {
   Comparison c;

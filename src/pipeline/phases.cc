@@ -602,6 +602,11 @@ PhaseOutcome run_phase2_block(PhaseContext& ctx) {
 
 // ---------------------------------------------------------------- phase 3: the model
 
+namespace {
+// Phase 3's gate compares every layer's output ("layers.N.out").
+bool is_layer_output(const std::string& probe_name) { return probe_name.ends_with(".out"); }
+}  // namespace
+
 const PhaseContext::OracleRun& PhaseContext::oracle_run(const std::vector<int32_t>& ids) {
   auto it = oracle_runs_.find(ids);
   if (it != oracle_runs_.end()) return it->second;
@@ -609,7 +614,7 @@ const PhaseContext::OracleRun& PhaseContext::oracle_run(const std::vector<int32_
   OracleRunner& o = oracle();
   o.reset();
   OracleRun run;
-  run.logits = o.forward(ids, false, ref.fn([](const std::string& n) { return n.ends_with(".out"); }), ProbeLevel::Layers);
+  run.logits = o.forward(ids, false, ref.fn(is_layer_output), ProbeLevel::Layers);
   for (int64_t l = 0; l < model.spec().n_layers; ++l) run.layers.push_back(ref.at(fmt::format("layers.{}.out", l)));
   return oracle_runs_.emplace(ids, std::move(run)).first->second;
 }
@@ -619,7 +624,7 @@ nlohmann::json model_gate_record(PhaseContext& ctx, StagedRunner& target, const 
   const PhaseContext::OracleRun& ref = ctx.oracle_run(p.ids);
   const std::vector<float>& lr = ref.logits;
   Capture got;
-  const ProbeFn probe = got.fn([](const std::string& n) { return n.ends_with(".out"); });
+  const ProbeFn probe = got.fn(is_layer_output);
   target.reset();
   std::vector<float> lg;
   if (last_as_decode && p.ids.size() > 1) {

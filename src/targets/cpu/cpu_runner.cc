@@ -15,6 +15,7 @@
 #include "util/error.h"
 #include "util/half.h"
 #include "util/parallel.h"
+#include "util/stats.h"
 
 namespace tessera {
 
@@ -216,9 +217,8 @@ PassFigure CpuRunner::measure(Pass pass) {
     samples.push_back(s);
   }
   reset();
-  std::nth_element(samples.begin(), samples.begin() + kReps / 2, samples.end());
   PassFigure f;
-  f.seconds = samples[kReps / 2];
+  f.seconds = median(samples);
   f.what = pass == Pass::Prefill ? fmt::format("prefill of {} tokens, wall time (median of {})", P, kReps)
                                  : fmt::format("decode step after {} tokens, wall time (median of {} x {} steps)", P, kReps, kSteps);
   return f;

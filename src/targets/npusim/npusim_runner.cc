@@ -58,15 +58,27 @@ TargetDef npusim_target_def() {
   return d;
 }
 
+namespace {
+
+// The device asked for, else the one a given plan was made for, else xdna2.
+std::string device_name(const TargetOptions& o) {
+  if (!o.device.empty()) return o.device;
+  if (!o.plan.is_null()) return o.plan.value("npusim", nlohmann::json::object()).value("device", "xdna2");
+  return "xdna2";
+}
+
+// A given plan as written, else the named plan (the default when none is named).
+npusim::NpuPlan plan_for(const TargetOptions& o) {
+  if (!o.plan.is_null()) return npusim::plan_from_json(o.plan.at("npusim").at("plan"));
+  return npusim::named_plan(o.plan_name.empty() ? npusim::default_plan_name() : o.plan_name);
+}
+
+}  // namespace
+
 NpuSimRunner::NpuSimRunner(const Model& model, const TargetOptions& options)
     : LayeredRunner(model, options.faults, options.oracle_stages, options.profile),
-      device_(npusim::load_device(!options.device.empty() ? options.device
-                                  : !options.plan.is_null()
-                                      ? options.plan.value("npusim", nlohmann::json::object()).value("device", "xdna2")
-                                      : std::string("xdna2"))),
-      plan_(!options.plan.is_null()         ? npusim::plan_from_json(options.plan.at("npusim").at("plan"))
-            : options.plan_name.empty() ? npusim::named_plan(npusim::default_plan_name())
-                                        : npusim::named_plan(options.plan_name)),
+      device_(npusim::load_device(device_name(options))),
+      plan_(plan_for(options)),
       threads_(options.threads > 0 ? options.threads : default_threads()) {
   ops_ = std::make_unique<npusim::NpuOps>(device_, threads_);
   host_pool_ = std::make_unique<cpu::ThreadPool>(threads_);
@@ -105,19 +117,17 @@ PassFigure NpuSimRunner::measure(Pass pass) {
   PassFigure f;
   f.predicted = true;
   if (pass == Pass::Prefill) {
-    const int64_t T = std::min<int64_t>(2048, spec().max_position);
-    f.seconds = npusim::predict_prefill(plan_, spec(), device_, T).total_us / 1e6;
-    f.what = fmt::format("predicted prefill of {} tokens on {}", T, device_.name);
+    f.seconds = npusim::predict_prefill(plan_, spec(), device_, prefill_tokens()).total_us / 1e6;
+    f.what = fmt::format("predicted prefill of {} tokens on {}", prefill_tokens(), device_.name);
   } else {
-    const int64_t C = std::min<int64_t>(512, spec().max_position - 1);
-    f.seconds = npusim::predict_decode(plan_, spec(), device_, C).total_us / 1e6;
-    f.what = fmt::format("predicted decode step at context {} on {}", C, device_.name);
+    f.seconds = npusim::predict_decode(plan_, spec(), device_, decode_context()).total_us / 1e6;
+    f.what = fmt::format("predicted decode step at context {} on {}", decode_context(), device_.name);
   }
   return f;
 }
 
 nlohmann::json NpuSimRunner::predicted_figures() const {
-  const int64_t T = std::min<int64_t>(2048, spec().max_position), C = std::min<int64_t>(512, spec().max_position - 1);
+  const int64_t T = prefill_tokens(), C = decode_context();
   const npusim::PassPrediction p = npusim::predict_prefill(plan_, spec(), device_, T);
   const npusim::PassPrediction d = npusim::predict_decode(plan_, spec(), device_, C);
   return {{"device", device_.name},

@@ -5,6 +5,7 @@
 // position and layer. Faults (`--inject`) are mapping bugs: a transposed access pattern,
 // a stale buffer, an over-size tile, a BD-hungry transfer.
 #pragma once
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -69,6 +70,10 @@ class NpuSimRunner final : public LayeredRunner {
 
  private:
   npusim::Placement where(Stage s, int64_t T) const { return plan_.placement(s, T == 1); }
+  // The shapes the predictions are made at: a 2048-token prefill and a decode step at 512
+  // (or what the model's context allows).
+  int64_t prefill_tokens() const { return std::min<int64_t>(2048, spec().max_position); }
+  int64_t decode_context() const { return std::min<int64_t>(512, spec().max_position - 1); }
   void on_host(Stage s) { host_calls_[s]++; }
   uint16_t* kv_layer(int64_t layer, int64_t rows_needed);
   void host_attention(int64_t layer, const float* q, int64_t T, int64_t rel, float* out);

@@ -37,18 +37,17 @@ NpuPlan::Pass& pass_of(NpuPlan& np, Pass pass) { return pass == Pass::Decode ? n
 // One rewrite per host-placed step of the pass. The step leaves its dispatch for one of its
 // own on the NPU (a dispatch is one host call: it cannot hold host work), in place.
 std::vector<PlanRewrite> propose_promote(const nlohmann::json& plan, Pass pass, std::string& why_not) {
-  const NpuPlan base = npu_plan(plan);
+  NpuPlan base = npu_plan(plan);
   std::vector<PlanRewrite> out;
-  NpuPlan probe = base;
-  const auto probe_lists = lists(pass_of(probe, pass));
-  for (size_t li = 0; li < probe_lists.size(); ++li)
-    for (size_t di = 0; di < probe_lists[li]->size(); ++di)
-      for (size_t si = 0; si < (*probe_lists[li])[di].steps.size(); ++si) {
-        const npusim::PlanStep step = (*probe_lists[li])[di].steps[si];
+  const std::vector<std::vector<PlanDispatch>*> base_lists = lists(pass_of(base, pass));
+  for (size_t li = 0; li < base_lists.size(); ++li)
+    for (size_t di = 0; di < base_lists[li]->size(); ++di)
+      for (size_t si = 0; si < (*base_lists[li])[di].steps.size(); ++si) {
+        const PlanDispatch& d = (*base_lists[li])[di];
+        const npusim::PlanStep step = d.steps[si];
         if (step.placement == Placement::Npu) continue;
         NpuPlan np = base;
         std::vector<PlanDispatch>& list = *lists(pass_of(np, pass))[li];
-        const PlanDispatch d = list[di];
         std::vector<PlanDispatch> split;
         PlanDispatch before{d.name, {}}, after{d.name, {}};
         for (size_t k = 0; k < d.steps.size(); ++k)
