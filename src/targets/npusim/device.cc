@@ -44,7 +44,8 @@ const char* const kRequired[] = {
     "compute.macs_per_cycle.bf16", "compute.vector_lanes_bf16", "compute.gemv_max_k",
     "ddr.npu_bytes_per_s", "ddr.system_bytes_per_s", "host.dispatch_us", "host.copy_bytes_per_s",
     "host.flops_per_s", "host.read_bytes_per_s",
-    "host.idle_after_s", "host.idle_wake_ms", "timing.efficiency.default", "timing.dma_efficiency"};
+    "host.idle_after_s", "host.idle_wake_ms", "timing.efficiency.default", "timing.dma_efficiency",
+    "timing.dma_object_cycles"};
 
 constexpr std::string_view kMacsPrefix = "compute.macs_per_cycle.";
 constexpr std::string_view kEffPrefix = "timing.efficiency.";
@@ -195,6 +196,7 @@ Device parse_device(const nlohmann::json& j, const std::string& origin) {
   d.idle_after_s = num("host.idle_after_s");
   d.idle_wake_ms = num("host.idle_wake_ms");
   d.dma_efficiency = positive("timing.dma_efficiency");
+  d.dma_object_cycles = num("timing.dma_object_cycles");
   for (const auto& [key, v] : values) {
     if (key.starts_with(kMacsPrefix)) {
       if (!(v > 0)) fail("device profile {}: figure '{}' must be > 0, is {}", origin, key, v);

@@ -73,6 +73,10 @@ struct Device {
   // the stream bandwidth a DMA channel achieves.
   std::map<std::string, double> efficiency;
   double dma_efficiency = 1;
+  // Fixed cost of one object through one DMA channel (a buffer descriptor started, its
+  // locks acquired and released): what makes tiny objects slow, so that a tile search has
+  // an optimum that is not the smallest tile.
+  double dma_object_cycles = 0;
 
   std::vector<Figure> figures;  // every figure in profile order (for `tessera device show`)
 

@@ -79,6 +79,10 @@ struct GemvOptions {
   std::string w = "W", x = "X", bias = "B", y = "Y";  // DDR tensor names
 };
 GemvTiles default_gemv_tiles(const GemvShape& s, const Device& d, bool resident = false);
+// The tiles (herd, rb, kc) the timing model prices fastest among those the checker accepts
+// (tile-tune); the default when nothing beats it. Searches every herd that divides N, every
+// K chunk of whole vectors, every row block that fits L1 double-buffered.
+GemvTiles tune_gemv_tiles(const GemvShape& s, const Device& d);
 // Whether W can stay resident in L1 (the default tiles with resident = true fit).
 bool gemv_fits_resident(const GemvShape& s, const Device& d);
 Launch gemv_launch(const GemvShape& s, const GemvTiles& t, const Device& d, const GemvOptions& o = {});

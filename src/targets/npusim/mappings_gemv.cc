@@ -2,7 +2,9 @@
 // mapping. See mappings.h for the layout.
 #include <fmt/format.h>
 
+#include "targets/npusim/checker.h"
 #include "targets/npusim/mappings.h"
+#include "targets/npusim/timing.h"
 #include "util/error.h"
 
 namespace tessera::npusim {
@@ -143,6 +145,33 @@ Launch gemv_launch(const GemvShape& s, const GemvTiles& tin, const Device& d, co
     l.fifos.push_back(std::move(f));
   }
   return l;
+}
+
+GemvTiles tune_gemv_tiles(const GemvShape& s, const Device& d) {
+  GemvTiles best = default_gemv_tiles(s, d);
+  best.herd = herd_for(s.N, d);
+  double best_us = time_launch(gemv_launch(s, best, d), d).total_us;
+  for (int cols = 1; cols <= d.columns; ++cols)
+    for (int rows = 1; rows <= d.compute_rows(); ++rows) {
+      if (s.N % (cols * rows)) continue;
+      const int64_t rw = s.N / (cols * rows);
+      // K chunks: whole vectors (bf16 lanes) up to the kernel's limit, or all of K.
+      for (int64_t kc = d.vector_lanes_bf16; kc <= std::min(s.K, d.gemv_max_k); kc += d.vector_lanes_bf16) {
+        if (s.K % kc) continue;
+        for (int64_t rb = 1; rb <= rw; ++rb) {
+          if (rw % rb || gemv_l1(rb, kc, 2) > d.l1_bytes) continue;
+          const GemvTiles t{rb, kc, Herd{cols, rows}};
+          const Launch l = gemv_launch(s, t, d);
+          if (!check(l, d).empty()) continue;
+          const double us = time_launch(l, d).total_us;
+          if (us < best_us) {
+            best_us = us;
+            best = t;
+          }
+        }
+      }
+    }
+  return best;
 }
 
 GemmPlan default_gemm_plan(int64_t M, int64_t K, int64_t N, const Device& d, ElemType c_type) {

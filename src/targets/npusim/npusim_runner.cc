@@ -81,6 +81,7 @@ NpuSimRunner::NpuSimRunner(const Model& model, const TargetOptions& options)
       plan_(plan_for(options)),
       threads_(options.threads > 0 ? options.threads : default_threads()) {
   ops_ = std::make_unique<npusim::NpuOps>(device_, threads_);
+  ops_->set_gemv_tiles(plan_.gemv_tiles);
   host_pool_ = std::make_unique<cpu::ThreadPool>(threads_);
   weights_ = std::make_unique<Bf16WeightStore>(
       [this](int64_t n, const std::function<void(int64_t, int64_t)>& body) { host_pool_->parallel_for(n, body); });

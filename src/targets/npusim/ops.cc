@@ -77,13 +77,17 @@ void NpuOps::gemv(const uint16_t* w, int64_t N, int64_t K, const float* x, const
   const MappingFaults f = faults_for("gemv");
   resident = resident && !weight.empty() && gemv_fits_resident(s, device());
   const std::string name = weight.empty() ? "gemv" : "gemv:" + weight;
-  const Launch& l = cached(fmt::format("{}:{}x{}:{}:{}", name, N, K, resident, f.key()), [&] {
-    GemvOptions o;
-    o.name = name;
-    o.resident = resident;
-    o.faults = f;
-    return gemv_launch(s, default_gemv_tiles(s, device(), resident), device(), o);
-  });
+  GemvTiles t = default_gemv_tiles(s, device(), resident);
+  if (auto it = gemv_tiles_.find({N, K}); it != gemv_tiles_.end() && !resident) t = it->second;
+  const Launch& l = cached(fmt::format("{}:{}x{}:{}:{}:rb{}kc{}h{}x{}", name, N, K, resident, f.key(), t.rb, t.kc,
+                                       t.herd.cols, t.herd.rows),
+                           [&] {
+                             GemvOptions o;
+                             o.name = name;
+                             o.resident = resident;
+                             o.faults = f;
+                             return gemv_launch(s, t, device(), o);
+                           });
   uint16_t* xb = bf16_scratch(0, x, K);
   run(l, {{"W", bf16_in(w, N * K)}, {"X", bf16_in(xb, K)}, {"Y", DdrTensor::f32(y, N)}});
   if (bias) bias_add(y, 1, N, bias);

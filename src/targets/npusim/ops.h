@@ -37,6 +37,9 @@ class NpuOps {
   // "rmsnorm", "rope", "attention", "softmax", "silu_mul", "add", "embedding") or "*".
   void set_faults(const std::string& op, const MappingFaults& f);
   void clear_faults();
+  // GEMV tiles by weight shape (N, K) for streamed (non-resident) weights: a plan's tuned
+  // tiles; other shapes use the defaults.
+  void set_gemv_tiles(std::map<std::pair<int64_t, int64_t>, GemvTiles> tiles) { gemv_tiles_ = std::move(tiles); }
 
   // y[N] = W[N, K] x[K] (+ bias[N]). W bf16 row-major. `weight` names the weight (required
   // when resident: the launch keeps W in L1 across calls, only if gemv_fits_resident).
@@ -90,6 +93,7 @@ class NpuOps {
 
   Engine engine_;
   std::map<std::string, MappingFaults> faults_;
+  std::map<std::pair<int64_t, int64_t>, GemvTiles> gemv_tiles_;
   std::map<std::string, Launch> cache_;
   std::set<std::string> seen_;
   std::vector<LaunchTiming> timings_;

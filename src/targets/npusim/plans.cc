@@ -159,6 +159,11 @@ bool NpuPlan::shares_dispatch(Stage a, Stage b, bool decode_step) const {
   return false;
 }
 
+GemvTiles NpuPlan::gemv_tiles_for(const GemvShape& s, const Device& d) const {
+  if (auto it = gemv_tiles.find({s.N, s.K}); it != gemv_tiles.end()) return it->second;
+  return default_gemv_tiles(s, d);
+}
+
 int NpuPlan::dispatches_per_layer(bool decode_step) const {
   int n = 0;
   for (const PlanDispatch& d : pass(decode_step).layer) n += d.host() ? 0 : 1;
@@ -171,6 +176,11 @@ nlohmann::json NpuPlan::to_json() const {
                       {"weights_resident", weights_resident},
                       {"intermediates_on_device", intermediates_on_device},
                       {"zero_copy", zero_copy}};
+  nlohmann::json gemv = nlohmann::json::array();
+  for (const auto& [shape, t] : gemv_tiles)
+    gemv.push_back({{"N", shape.first}, {"K", shape.second}, {"rb", t.rb}, {"kc", t.kc}, {"cols", t.herd.cols},
+                    {"rows", t.herd.rows}});
+  j["tiles"] = {{"gemv", gemv}};
   for (const auto& [key, pass] : {std::pair{"prefill", &prefill}, std::pair{"decode", &decode}}) {
     j[key] = {{"embedding", dispatches_json(pass->embedding)},
               {"layer", dispatches_json(pass->layer)},
@@ -189,6 +199,14 @@ NpuPlan plan_from_json(const nlohmann::json& j) {
     p.weights_resident = j.at("weights_resident").get<bool>();
     p.intermediates_on_device = j.at("intermediates_on_device").get<bool>();
     p.zero_copy = j.at("zero_copy").get<bool>();
+    if (j.contains("tiles"))
+      for (const auto& t : j.at("tiles").at("gemv")) {
+        const GemvTiles g{t.at("rb").get<int64_t>(), t.at("kc").get<int64_t>(),
+                          Herd{t.at("cols").get<int>(), t.at("rows").get<int>()}};
+        if (g.rb < 1 || g.kc < 1 || g.herd.cols < 1 || g.herd.rows < 1)
+          fail("npusim plan: GEMV tiles for {}x{} must be positive", t.at("N").get<int64_t>(), t.at("K").get<int64_t>());
+        p.gemv_tiles[{t.at("N").get<int64_t>(), t.at("K").get<int64_t>()}] = g;
+      }
     for (const auto& [key, pass] : {std::pair{"prefill", &p.prefill}, std::pair{"decode", &p.decode}}) {
       pass->embedding = dispatches_from_json(j.at(key).at("embedding"));
       pass->layer = dispatches_from_json(j.at(key).at("layer"));

@@ -14,11 +14,15 @@
 //             gate/up + SiLU x mul + down + residual), decode in two dispatches per layer
 //             around attention on the host, the LM head a GEMV over 8 columns on the NPU;
 //             weights resident, intermediates never synced inside a dispatch.
+// Every plan also carries its tuned tiles (none in the named plans).
 #pragma once
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "targets/npusim/mappings.h"
 #include "targets/stages.h"
 
 namespace tessera::npusim {
@@ -51,6 +55,10 @@ struct NpuPlan {
   bool weights_resident = false;         // weights kept in device memory across calls
   bool intermediates_on_device = false;  // buffers between a dispatch's launches never synced
   bool zero_copy = false;                // host buffers mapped, not copied
+  // GEMV tiles by weight shape (N, K), set by tile-tune; a shape not listed runs the
+  // mapping's default tiles. Not for L1-resident weights (loaded once: nothing to tune).
+  std::map<std::pair<int64_t, int64_t>, GemvTiles> gemv_tiles;
+  GemvTiles gemv_tiles_for(const GemvShape& s, const Device& d) const;
 
   const Pass& pass(bool decode_step) const { return decode_step ? decode : prefill; }
   // Where `stage` runs in a prefill (T > 1) or decode (T == 1) step.

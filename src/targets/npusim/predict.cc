@@ -43,6 +43,7 @@ StepIo step_io(Stage s) {
 struct Shapes {
   const ModelSpec& s;
   int64_t T, context;
+  const NpuPlan& plan;  // its tuned tiles
   int64_t keys() const { return context + T; }
   // Host-visible tensors: element type and count.
   std::pair<ElemType, int64_t> tensor(const std::string& n) const {
@@ -74,7 +75,7 @@ void add_linear(std::vector<Launch>& out, const Shapes& sh, const Device& d, int
     const GemvShape g{N, K, bias};
     GemvOptions o;
     o.name = name;
-    out.push_back(gemv_launch(g, default_gemv_tiles(g, d), d, o));
+    out.push_back(gemv_launch(g, sh.plan.gemv_tiles_for(g, d), d, o));
     return;
   }
   const GemmPlan p = default_gemm_plan(rows, K, N, d, ElemType::F32);
@@ -311,7 +312,7 @@ PassPrediction predict(const NpuPlan& plan, const ModelSpec& spec, const Device&
   p.pass = decode ? "decode" : "prefill";
   p.tokens = T;
   p.context = context;
-  const Shapes sh{spec, T, context};
+  const Shapes sh{spec, T, context, plan};
   const NpuPlan::Pass& pass = plan.pass(decode);
   price(p, plan, pass.embedding, "embedding.", 1, sh, device, pass.layer);
   price(p, plan, pass.layer, "layer.", spec.n_layers, sh, device, pass.head);

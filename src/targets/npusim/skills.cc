@@ -5,11 +5,22 @@
 //   merge         consecutive NPU dispatches of the pass into one, up to the boundaries the
 //                 hardware imposes (a host op ends a dispatch: a dispatch is one host call);
 //   buffer-reuse  weights resident in device memory per layer; intermediates never synced;
-//   zero-copy     host-visible buffers mapped instead of copied.
+//   zero-copy     host-visible buffers mapped instead of copied;
+//   tile-tune     the GEMVs of the pass (decode projections, the LM head) on the tiles the
+//                 timing model prices fastest within the checker's limits. The prefill
+//                 GEMMs are not searched: at 2048 tokens on xdna2 the best of ~3000 valid
+//                 tilings beats the default by 0.3% at most, while a tiling chosen for 2048
+//                 rows pads every short prompt to it.
 #include <fmt/format.h>
 
+#include <fmt/ranges.h>
+
+#include <map>
+
+#include "targets/npusim/device.h"
 #include "targets/npusim/npusim_runner.h"
 #include "targets/npusim/plans.h"
+#include "targets/npusim/timing.h"
 
 namespace tessera {
 
@@ -121,6 +132,53 @@ std::vector<PlanRewrite> propose_zero_copy(const nlohmann::json& plan, Pass, std
   return {rewrite(plan, np, "host buffers mapped zero-copy")};
 }
 
+// The GEMVs a pass runs on the NPU, by weight shape (N, K), with the op names.
+std::map<std::pair<int64_t, int64_t>, std::string> pass_gemvs(const nlohmann::json& plan, const NpuPlan& np, Pass pass) {
+  const nlohmann::json& spec = plan.at("model").at("spec");
+  const int64_t H = spec.at("hidden_size"), I = spec.at("intermediate_size"), hd = spec.at("head_dim"),
+                Q = hd * spec.at("num_attention_heads").get<int64_t>(),
+                KV = hd * spec.at("num_key_value_heads").get<int64_t>(), V = spec.at("vocab_size");
+  const bool decode = pass == Pass::Decode;
+  std::map<std::pair<int64_t, int64_t>, std::string> out;
+  auto add = [&](Stage st, std::pair<int64_t, int64_t> shape, const char* name) {
+    if (np.placement(st, decode) != Placement::Npu) return;
+    std::string& names = out[shape];
+    names += (names.empty() ? "" : "/") + std::string(name);
+  };
+  if (decode) {  // prefill runs its projections as GEMMs
+    add(Stage::QkvProj, {Q, H}, "q_proj");
+    add(Stage::QkvProj, {KV, H}, "k_proj/v_proj");
+    add(Stage::OProj, {H, Q}, "o_proj");
+    add(Stage::GateUpProj, {I, H}, "gate_proj/up_proj");
+    add(Stage::DownProj, {H, I}, "down_proj");
+  }
+  add(Stage::LmHead, {V, H}, "lm_head");  // one row in both passes
+  return out;
+}
+
+std::vector<PlanRewrite> propose_tile_tune(const nlohmann::json& plan, Pass pass, std::string& why_not) {
+  NpuPlan np = npu_plan(plan);
+  const npusim::Device d = npusim::load_device(plan.at("npusim").at("device").get<std::string>());
+  std::vector<std::string> changes;
+  for (const auto& [shape, names] : pass_gemvs(plan, np, pass)) {
+    const npusim::GemvShape s{shape.first, shape.second};
+    const npusim::GemvTiles now = np.gemv_tiles_for(s, d);
+    const npusim::GemvTiles best = npusim::tune_gemv_tiles(s, d);
+    const double now_us = npusim::time_launch(npusim::gemv_launch(s, now, d), d).total_us;
+    const double best_us = npusim::time_launch(npusim::gemv_launch(s, best, d), d).total_us;
+    if (!(best_us < now_us)) continue;
+    np.gemv_tiles[shape] = best;
+    changes.push_back(fmt::format("{} {}x{} rb {} kc {} on {}x{} -> rb {} kc {} on {}x{} ({:.1f} -> {:.1f} us)", names,
+                                  s.N, s.K, now.rb, now.kc, now.herd.cols, now.herd.rows, best.rb, best.kc,
+                                  best.herd.cols, best.herd.rows, now_us, best_us));
+  }
+  if (changes.empty()) {
+    why_not = fmt::format("every NPU GEMV of the {} pass already runs on its fastest valid tiles", pass_name(pass));
+    return {};
+  }
+  return {rewrite(plan, np, fmt::format("GEMV tiles tuned in {}: {}", pass_name(pass), fmt::join(changes, "; ")))};
+}
+
 }  // namespace
 
 const std::vector<OptSkill>& npusim_skills() {
@@ -129,6 +187,8 @@ const std::vector<OptSkill>& npusim_skills() {
       {"merge", "group consecutive NPU launches into one dispatch (a host op is a boundary)", propose_merge},
       {"buffer-reuse", "keep weights resident per layer and intermediates on the device", propose_buffer_reuse},
       {"zero-copy", "map host-visible buffers instead of copying them", propose_zero_copy},
+      {"tile-tune", "run each GEMV shape on the tiles the timing model prices fastest within the checker's limits",
+       propose_tile_tune},
   };
   return skills;
 }

@@ -40,7 +40,9 @@ LaunchTiming time_launch(const Launch& l, const Device& d, const TimingOptions& 
     }
   }
 
-  // Bytes per DMA channel: every leg of every fifo is its own channel.
+  // Seconds per DMA channel (every leg of every fifo is its own channel): its bytes at the
+  // channel rate plus the fixed cost of each object it moves.
+  const double object_s = d.dma_object_cycles / hz;
   std::map<Channel, double> chan;
   double fill_s = 0, drain_s = 0;
   bool overlapped = true;
@@ -50,29 +52,30 @@ LaunchTiming time_launch(const Launch& l, const Device& d, const TimingOptions& 
     const int es = elem_bytes(f.type);
     const double stream_bytes = double(f.stream_elements()) * es;
     const int64_t objects = f.objects();
+    const double stream_s = stream_bytes / chan_bytes_per_s + double(objects) * object_s;
     t.ddr_bytes += int64_t(stream_bytes);
-    chan[{f.shim, fill, f.name}] += stream_bytes;
-    if (f.memtile) chan[{*f.memtile, !fill, f.name}] += stream_bytes;
+    chan[{f.shim, fill, f.name}] += stream_s;
+    if (f.memtile) chan[{*f.memtile, !fill, f.name}] += stream_s;
     double slowest_end = 0;
     for (size_t k = 0; k < f.ends.size(); ++k) {
       const auto& e = f.ends[k];
-      const double end_bytes = double(objects) * f.end_elems(e) * es;
+      const double end_s = double(objects) * (double(f.end_elems(e)) * es / chan_bytes_per_s + object_s);
       // Memtile legs: a split/join leg per end; broadcast/forward one (multicast) leg.
       if (f.memtile) {
         const bool per_end = f.kind == FifoKind::Split || f.kind == FifoKind::Join;
-        if (per_end || k == 0) chan[{*f.memtile, fill, f.name + (per_end ? "#" + std::to_string(k) : "")}] += end_bytes;
+        if (per_end || k == 0) chan[{*f.memtile, fill, f.name + (per_end ? "#" + std::to_string(k) : "")}] += end_s;
       }
-      chan[{e.tile, !fill, f.name}] += end_bytes;
+      chan[{e.tile, !fill, f.name}] += end_s;
       slowest_end = std::max(slowest_end, double(f.end_elems(e)) * es);
     }
     if (f.depth < 2) overlapped = false;
     // One object through each hop before the pipeline runs (fill) or after it stops (drain).
-    const double hop_s = (f.memtile ? double(f.mem_object_bytes()) : 0.0) / chan_bytes_per_s + slowest_end / chan_bytes_per_s;
+    const double hop_s = (f.memtile ? double(f.mem_object_bytes()) / chan_bytes_per_s + object_s : 0.0) +
+                         slowest_end / chan_bytes_per_s + object_s;
     (fill ? fill_s : drain_s) = std::max(fill ? fill_s : drain_s, hop_s);
   }
   double dma_s = 0;
-  for (const auto& [c, bytes] : chan) {
-    const double s = bytes / chan_bytes_per_s;
+  for (const auto& [c, s] : chan) {
     if (s > dma_s) {
       dma_s = s;
       t.busiest_channel = fmt::format("{} {}: fifo {}", to_string(c.tile), c.mm2s ? "mm2s" : "s2mm", c.fifo);

@@ -3,13 +3,15 @@
 // Per launch:
 //   compute  = busiest worker: macs / (MACs per cycle x efficiency[class]) +
 //              vector_ops / (vector lanes x efficiency[class]) cycles
-//   dma      = busiest DMA channel: bytes / (stream bytes per cycle x dma_efficiency) cycles
+//   dma      = busiest DMA channel: bytes / (stream bytes per cycle x dma_efficiency) +
+//              objects x dma_object_cycles (a descriptor and lock handshake per object)
 //              (shim, memory-tile and compute-tile channels, per fifo leg; a broadcast leg
 //              is one multicast stream)
 //   ddr      = bytes through all shims together / reachable DDR bandwidth
 //   body     = max(compute, dma, ddr) when every fifo is double-buffered (depth >= 2),
 //              compute + max(dma, ddr) when some fifo has depth 1 (no overlap)
-//   fill     = first object of the slowest fill fifo through its hops (shim -> memtile -> L1)
+//   fill     = first object of the slowest fill fifo through its hops (shim -> memtile -> L1),
+//              each hop paying the per-object cost too
 //   drain    = last object of the slowest drain fifo back to DDR
 //   total    = fill + body + drain
 // Per dispatch: its launches + the host dispatch overhead + host copies (buffer syncs at
