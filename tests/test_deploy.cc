@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "model/presets.h"
+#include "eval/audit.h"
 #include "pipeline/deploy.h"
 #include "pipeline/executor.h"
 #include "synth/synth.h"
@@ -41,8 +42,14 @@ TEST_P(DeployTiny, EveryGatePasses) {
   const Deployment dep = Deployment::open_existing(out.str("dep"));
   for (int id : {0, 1, 2, 3, 6}) EXPECT_EQ(dep.phase_status(id), "passed") << "phase " << id;
   for (const char* f : {"state.json", "plan.json", "plan.md", "kernel_registry.md", "kernel_registry.json", "phase_timing.md",
-                        "report.json", "gates.md", "issues.md"})
+                        "report.json", "gates.md", "issues.md", "manifest.json"})
     EXPECT_TRUE(fs::exists(out.path() / "dep" / f)) << f;
+  // Phase 7: the independent evaluator passes the untouched deployment.
+  AuditOptions ao;
+  ao.dir = out.str("dep");
+  ao.quiet = true;
+  const AuditResult audit = audit_deployment(ao);
+  EXPECT_EQ(audit.verdict(), "PASS") << audit.to_json().dump(1);
 }
 
 std::vector<std::string> tiny_presets() {
@@ -136,9 +143,11 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(Deploy, EveryKnownFaultHasACase) {
-  // The list above must cover known_faults(); a new fault without a test fails here.
+  // The list above must cover known_faults(); a new fault without a test fails here. The
+  // evaluator's faults (first phase 7) have theirs in test_audit.cc.
   const std::set<std::string> covered = {"rope-interleaved", "rope-scaling-prefill-only", "drop-qkv-bias", "qk-norm-after-rope",
-                                         "gqa-modulo", "attn-scale-hidden", "stale-kv", "bf16-accumulate", "fused-qkv-swap"};
+                                         "gqa-modulo", "attn-scale-hidden", "stale-kv", "bf16-accumulate", "fused-qkv-swap",
+                                         "oracle-fallback", "nondeterministic"};
   for (const FaultInfo& f : known_faults()) EXPECT_TRUE(covered.count(f.name)) << f.name;
 }
 

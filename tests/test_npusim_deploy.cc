@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/presets.h"
+#include "eval/audit.h"
 #include "pipeline/deploy.h"
 #include "pipeline/deployment.h"
 #include "targets/npusim/npusim_runner.h"
@@ -57,6 +58,12 @@ TEST_P(NpusimDeployTiny, EveryGatePassesWithNothingOnTheHost) {
     EXPECT_EQ(op.find("host:"), std::string::npos) << op;
     EXPECT_EQ(op.find("oracle:"), std::string::npos) << op;
   }
+  // Phase 7: the independent evaluator passes the untouched deployment.
+  AuditOptions ao;
+  ao.dir = out.str("dep");
+  ao.quiet = true;
+  const AuditResult audit = audit_deployment(ao);
+  EXPECT_EQ(audit.verdict(), "PASS") << audit.to_json().dump(1);
 }
 
 std::vector<std::string> npusim_presets() {

@@ -110,7 +110,7 @@ void add_deploy_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "deploy",
       "Deploy a model onto a target through the gated phases (0 oracle, 1 kernels, 2 block, 3 model, 4 prefill-opt,\n"
-      "5 decode-opt, 6 integrate; phase 7 is not in this version). Phases 4 and 5 rewrite the plan with the target's\n"
+      "5 decode-opt, 6 integrate; phase 7 is `tessera audit DIR`). Phases 4 and 5 rewrite the plan with the target's\n"
       "optimization skills, keeping a rewrite only if the gate still passes and it is strictly faster\n"
       "(DIR/perf_opt_traj.md). Resumes at the first phase not passed.\n"
       "Exit status: 0 every gate passed, 3 a gate failed (diagnosis in DIR/issues.md), 1 bad input.");

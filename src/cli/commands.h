@@ -16,5 +16,6 @@ void add_bench_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
 void add_profile_command(CLI::App& app);
 void add_device_command(CLI::App& app);
+void add_audit_command(CLI::App& app);
 
 }  // namespace tessera::cli

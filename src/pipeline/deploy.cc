@@ -10,10 +10,25 @@
 #include "pipeline/plan.h"
 #include "targets/registry.h"
 #include "util/error.h"
+#include "util/sha256.h"
 
 namespace tessera {
 
 namespace fs = std::filesystem;
+
+std::vector<std::filesystem::path> model_files(const std::string& model_path) {
+  std::vector<fs::path> out;
+  const fs::path path(model_path);
+  if (fs::is_directory(path)) {
+    for (const auto& e : fs::directory_iterator(path))
+      if (e.is_regular_file() && (e.path().extension() == ".safetensors" || e.path().filename() == "config.json"))
+        out.push_back(e.path());
+    std::sort(out.begin(), out.end());
+  } else {
+    out.push_back(path);
+  }
+  return out;
+}
 
 nlohmann::json model_fingerprint(const std::string& model_path) {
   // Size and modification time of every file the model is read from: cheap, and enough to
@@ -23,14 +38,16 @@ nlohmann::json model_fingerprint(const std::string& model_path) {
     files[p.filename().string()] = {{"bytes", int64_t(fs::file_size(p))},
                                     {"mtime", int64_t(fs::last_write_time(p).time_since_epoch().count())}};
   };
-  const fs::path path(model_path);
-  if (fs::is_directory(path)) {
-    for (const auto& e : fs::directory_iterator(path))
-      if (e.is_regular_file() && (e.path().extension() == ".safetensors" || e.path().filename() == "config.json")) add(e.path());
-  } else {
-    add(path);
-  }
+  for (const fs::path& p : model_files(model_path)) add(p);
   return files;
+}
+
+nlohmann::json deployment_manifest(const Deployment& dep, const std::string& model_path) {
+  nlohmann::json m = {{"format", "tessera-manifest/1"},
+                      {"plan.json", sha256_file_hex(dep.file("plan.json").string())},
+                      {"report.json", sha256_file_hex(dep.file("report.json").string())}};
+  for (const fs::path& f : model_files(model_path)) m["model"][f.filename().string()] = sha256_file_hex(f.string());
+  return m;
 }
 
 nlohmann::json deployment_identity(const Model& model, const DeployOptions& opts) {
@@ -190,6 +207,8 @@ DeployResult deploy(const DeployOptions& opts) {
       return result;
     }
   }
+  // What phase 7 checks the deployment against: hashes of what was gated and reported.
+  write_json_atomic(dep.file("manifest.json"), deployment_manifest(dep, model.path()));
   result.pass = true;
   return result;
 }

@@ -2,8 +2,10 @@
 // resuming at the first phase that has not passed, and stops at the first failing gate
 // with its diagnosis written to issues.md.
 #pragma once
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "pipeline/phases.h"
 
@@ -19,6 +21,11 @@ struct DeployResult {
 // fingerprint of its files), the target and the injected faults.
 nlohmann::json deployment_identity(const Model& model, const DeployOptions& opts);
 nlohmann::json model_fingerprint(const std::string& model_path);
+// The files a model is read from (a .gguf, or a directory's config.json and safetensors).
+std::vector<std::filesystem::path> model_files(const std::string& model_path);
+// manifest.json, written when every phase passed: sha256 of plan.json, report.json and
+// every model file. Phase 7 (`tessera audit`) recomputes them.
+nlohmann::json deployment_manifest(const Deployment& dep, const std::string& model_path);
 
 DeployResult deploy(const DeployOptions& opts);
 

@@ -27,7 +27,7 @@ const std::vector<PhaseDef>& phase_defs() {
       {4, "prefill-opt", "the target's optimization skills rewrite the plan for prefill, each gated and measured", true},
       {5, "decode-opt", "the target's optimization skills rewrite the plan for decode, each gated and measured", true},
       {6, "integrate", "one prefill+decode runner, greedy match vs the oracle, plan frozen", true},
-      {7, "evaluate", "independent evaluator (not in this version)", false},
+      {7, "evaluate", "independent evaluator: `tessera audit DIR`, in its own process", false},
   };
   return defs;
 }

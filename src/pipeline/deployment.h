@@ -15,7 +15,7 @@ struct PhaseDef {
   int id;
   const char* name;
   const char* does;
-  bool implemented;  // phases 4, 5 and 7 arrive in later versions: recorded as not run
+  bool implemented;  // by `tessera deploy` (phase 7 runs apart: `tessera audit`)
 };
 const std::vector<PhaseDef>& phase_defs();
 const PhaseDef& phase_def(int id);

@@ -705,13 +705,11 @@ PhaseOutcome run_phase3_model(PhaseContext& ctx) {
 
 // ---------------------------------------------------------------- phase 6: integrate
 
-namespace {
-
-struct Greedy {
-  std::vector<int32_t> tokens;
-  std::vector<std::vector<int32_t>> topk;
-  double prefill_s = 0, decode_s = 0;
-};
+std::vector<CanonicalPrompt> phase6_prompts(const Tokenizer& tok) {
+  const size_t n_prompts = size_t(gates::threshold("phase6.prompts_min")) + 1;
+  const auto all = canonical_prompts(tok);
+  return {all.begin(), all.begin() + long(std::min(n_prompts, all.size()))};
+}
 
 Greedy greedy(ModelRunner& r, const std::vector<int32_t>& prompt, int n, int k) {
   Greedy g;
@@ -732,15 +730,11 @@ Greedy greedy(ModelRunner& r, const std::vector<int32_t>& prompt, int n, int k) 
   return g;
 }
 
-}  // namespace
-
 PhaseOutcome run_phase6_integrate(PhaseContext& ctx) {
   PhaseOutcome out;
   const int n = int(gates::threshold("phase6.tokens"));
   const int k = int(gates::threshold("phase6.topk"));
-  const size_t n_prompts = size_t(gates::threshold("phase6.prompts_min")) + 1;
-  const auto all = canonical_prompts(ctx.tokenizer());
-  std::vector<CanonicalPrompt> prompts(all.begin(), all.begin() + std::min(n_prompts, all.size()));
+  const std::vector<CanonicalPrompt> prompts = phase6_prompts(ctx.tokenizer());
   double prefill_tokens = 0, prefill_s = 0, decode_tokens = 0, decode_s = 0;
   for (const CanonicalPrompt& p : prompts) {
     ctx.progress(fmt::format("[phase 6] greedy {} tokens: \"{}\"", n, p.text));

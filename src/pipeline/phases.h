@@ -91,6 +91,17 @@ PhaseOutcome run_phase5_decode_opt(PhaseContext& ctx);
 void write_perf_trajectory(Deployment& dep);  // perf_opt_traj.md from phases 4 and 5's records
 PhaseOutcome run_phase6_integrate(PhaseContext& ctx);
 
+// Greedy generation of n tokens after `prompt` from a reset runner, with each step's top-k
+// ids and the wall time of the prefill and of the decode steps (phases 6 and 7).
+struct Greedy {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<int32_t>> topk;
+  double prefill_s = 0, decode_s = 0;
+};
+Greedy greedy(ModelRunner& r, const std::vector<int32_t>& prompt, int n, int k);
+// The prompts phase 6 generates from (the first phase6.prompts_min + 1 canonical ones).
+std::vector<CanonicalPrompt> phase6_prompts(const Tokenizer& tok);
+
 // Phase 3's gate row for one prompt on `target`, as phase 3 records it: {"ids", "text",
 // "decisive", "top1_prob", "layer_cosines", "gate"}. Phases 4 and 5 re-run it on every
 // rewritten plan; phase 5 with `last_as_decode` (the prompt's last token run as a decode

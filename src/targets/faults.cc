@@ -28,6 +28,23 @@ const std::vector<FaultInfo>& known_faults() {
        "the fused q|k|v kernel writes the keys into v and the values into k (plans that fuse the projections; from "
        "cpu-naive, phase 4's gate catches the merge rewrite and reverts it)"},
   };
+  static const std::vector<FaultInfo> all = [] {
+    std::vector<FaultInfo> v = faults;
+    for (const FaultInfo& f : evaluator_faults()) v.push_back(f);
+    return v;
+  }();
+  return all;
+}
+
+const std::vector<FaultInfo>& evaluator_faults() {
+  static const std::vector<FaultInfo> faults = {
+      {"oracle-fallback", "silu_mul", 7,
+       "SiLU x mul silently computed by the oracle's kernel instead of the target's: every gate passes, only the "
+       "per-op counters show it"},
+      {"nondeterministic", "lm_head", 7,
+       "the least likely token's logit moves by a different tiny step on every call: too little for any gate, but "
+       "two identical runs differ"},
+  };
   return faults;
 }
 

@@ -17,6 +17,9 @@ void grow(std::vector<float>& v, int64_t n) {
 
 LayeredRunner::LayeredRunner(const Model& model, FaultSet faults, std::set<Stage> oracle_stages, bool profile)
     : model_(model), faults_(std::move(faults)), oracle_stages_(std::move(oracle_stages)), profile_(profile) {
+  // The evaluator's faults (phase 7 must catch them; every gate before passes): a stage
+  // computed by the oracle's kernel without a word (only the op counters show it).
+  if (fault("oracle-fallback")) oracle_stages_.insert(Stage::SiluMul);
   const ModelSpec& s = model.spec();
   layers_.reserve(size_t(s.n_layers));
   for (int64_t l = 0; l < s.n_layers; ++l) layers_.push_back(load_layer_params(model, l));
@@ -275,6 +278,12 @@ std::vector<float> LayeredRunner::forward(std::span<const int32_t> ids, bool all
   count(Stage::LmHead);
   static const std::vector<float> kNoBias;
   op_linear(Stage::LmHead, x.data(), rows, model_.lm_head().name, kNoBias, logits.data());
+  if (fault("nondeterministic")) {
+    // Output that changes from run to run, too little for any gate: the least likely
+    // token's logit moves by a step that differs per call.
+    float* row = logits.data() + (rows - 1) * s.vocab;
+    *std::min_element(row, row + s.vocab) -= 1e-3f * float(++nondeterministic_calls_ % 7 + 1);
+  }
   if (probe && level >= ProbeLevel::Layers) probe("logits", logits.data(), rows, s.vocab);
   if (profile_) lap(Stage::Count);
   return logits;

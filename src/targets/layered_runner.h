@@ -119,6 +119,7 @@ class LayeredRunner : public StagedRunner {
   std::vector<float> inv_freq_, inv_freq_unscaled_;
   int64_t position_ = 0, base_ = 0;
   std::array<int64_t, kStageCount> target_calls_{}, oracle_calls_{};
+  int64_t nondeterministic_calls_ = 0;  // the "nondeterministic" fault's call count
   std::array<double, kStageCount> stage_seconds_{};
   Stage current_ = Stage::Count;
   std::chrono::steady_clock::time_point last_lap_;

@@ -66,6 +66,9 @@ struct FaultInfo {
 // them); other targets' faults: target_faults / target_fault_info in registry.h.
 const std::vector<FaultInfo>& known_faults();
 const FaultInfo& fault_info(const std::string& name);
+// Faults every target takes that only the evaluator (phase 7, `tessera audit`) can catch:
+// "oracle-fallback" and "nondeterministic" (first_phase 7).
+const std::vector<FaultInfo>& evaluator_faults();
 using FaultSet = std::set<std::string>;
 
 }  // namespace tessera

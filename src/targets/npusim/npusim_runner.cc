@@ -35,7 +35,12 @@ const std::vector<FaultInfo>& npusim_faults() {
       {"stale-buffer", "mlp_norm", 1,
        "the norm's input fifo is marked resident, so later calls compute on the first call's activations"},
   };
-  return faults;
+  static const std::vector<FaultInfo> all = [] {
+    std::vector<FaultInfo> v = faults;
+    for (const FaultInfo& f : evaluator_faults()) v.push_back(f);
+    return v;
+  }();
+  return all;
 }
 
 TargetDef npusim_target_def() {

@@ -1,0 +1,55 @@
+// `tessera audit DIR [--json]`: phase 7, the independent evaluator (eval/audit.h). Re-derives
+// every verdict of a finished deployment in this fresh process and prints the findings.
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "eval/audit.h"
+
+namespace tessera::cli {
+
+namespace {
+
+struct AuditArgs {
+  std::string dir;
+  bool json = false;
+  int threads = 0;
+  bool quiet = false;
+};
+
+int run_audit(const AuditArgs& a) {
+  AuditOptions o;
+  o.dir = a.dir;
+  o.threads = a.threads;
+  o.quiet = a.quiet || a.json;
+  const AuditResult r = audit_deployment(o);
+  if (a.json) {
+    fmt::print("{}\n", r.to_json().dump(2));
+  } else {
+    for (const AuditFinding& f : r.findings)
+      fmt::print("{:<12} {:<4}  {}\n", f.check, f.verdict == "pass" ? "pass" : f.verdict == "warn" ? "WARN" : "FAIL", f.detail);
+    fmt::print("\nverdict: {} (written to {}/evaluation_report.md)\n", r.verdict(), a.dir);
+  }
+  return r.exit_code();
+}
+
+}  // namespace
+
+void add_audit_command(CLI::App& app) {
+  auto a = std::make_shared<AuditArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "audit",
+      "Phase 7: re-check a finished deployment in a fresh process that trusts nothing on disk (hashes, stored\n"
+      "thresholds against the built-in ones, phase 3 and 6 gates re-run, adversarial prompts, determinism, per-op\n"
+      "counters, every report figure re-measured). Writes DIR/evaluation_report.md.\n"
+      "Exit status: 0 PASS, 2 PASS-with-warnings, 3 FAIL, 1 bad input.");
+  cmd->add_option("dir", a->dir, "A deployment directory (from `tessera deploy`)")->required();
+  cmd->add_flag("--json", a->json, "Print the findings as JSON");
+  cmd->add_option("--threads", a->threads, "Worker threads (default: all cores)");
+  cmd->add_flag("--quiet", a->quiet, "No progress lines on stderr");
+  cmd->callback([a] {
+    const int rc = run_audit(*a);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace tessera::cli
