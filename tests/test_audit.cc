@@ -45,10 +45,13 @@ fs::path copy_of(const fs::path& dep, const ScratchDir& out) {
   return to;
 }
 
-AuditResult audit(const fs::path& dir) {
+// remeasure: wall-time figures re-measured (off where the test only needs the others: ctest
+// runs two tests at once, so wall times do not reproduce).
+AuditResult audit(const fs::path& dir, bool remeasure = false) {
   AuditOptions o;
   o.dir = dir.string();
   o.quiet = true;
+  o.remeasure_wall_time = remeasure;
   return audit_deployment(o);
 }
 
@@ -108,7 +111,7 @@ TEST(Audit, CpuFigureEditedFarUpwardFailsEvenWithTheManifestRewritten) {
   // A forger who also rewrites the manifest is still caught by the re-measurement.
   Deployment dep = Deployment::open_existing(dir);
   write_json_atomic(dir / "manifest.json", deployment_manifest(dep, dep.identity()["model_path"]));
-  expect_fails_on(audit(dir), "figures");
+  expect_fails_on(audit(dir, true), "figures");
 }
 
 TEST(Audit, ThresholdLoosenedInTheStoredGateTableFails) {
@@ -143,6 +146,8 @@ TEST(Audit, OpSilentlyExecutedByTheOracleFails) {
   const AuditResult r = audit(dir);
   expect_fails_on(r, "op-counters");
   EXPECT_NE(finding(r, "op-counters")->detail.find("silu_mul ran"), std::string::npos) << finding(r, "op-counters")->detail;
+  const auto d = run_tessera("diagnose " + dir.string() + " --quiet");  // the audit's failure, diagnosed
+  EXPECT_TRUE(names_cause(d.out, "oracle-fallback")) << d.out << d.err;
 }
 
 TEST(Audit, NonDeterministicOutputFails) {
@@ -150,6 +155,8 @@ TEST(Audit, NonDeterministicOutputFails) {
   ScratchDir out("audit_nondet");
   const fs::path dir = copy_of(deployed("npusim", {"nondeterministic"}), out);
   expect_fails_on(audit(dir), "determinism");
+  const auto d = run_tessera("diagnose " + dir.string() + " --quiet");
+  EXPECT_TRUE(names_cause(d.out, "nondeterministic")) << d.out << d.err;
 }
 
 TEST(Audit, IncompleteDeploymentFails) {

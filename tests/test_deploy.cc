@@ -29,6 +29,8 @@ using testing_support::slurp;
 using testing_support::deploy_options;
 using testing_support::ScratchDir;
 using testing_support::tiny_model;
+using testing_support::named_causes;
+using testing_support::names_cause;
 namespace fs = std::filesystem;
 
 bool have_default_model() { return fs::exists(testing_support::default_gguf()); }
@@ -48,6 +50,7 @@ TEST_P(DeployTiny, EveryGatePasses) {
   AuditOptions ao;
   ao.dir = out.str("dep");
   ao.quiet = true;
+  ao.remeasure_wall_time = false;  // ctest runs two tests at once: wall times are not reproducible here
   const AuditResult audit = audit_deployment(ao);
   EXPECT_EQ(audit.verdict(), "PASS") << audit.to_json().dump(1);
 }
@@ -114,6 +117,13 @@ TEST_P(DeployFault, CaughtByItsPhaseAndNamedByBisect) {
       EXPECT_EQ(dep.phase_status(id), "passed") << "phase " << id;
     }
   EXPECT_TRUE(fs::exists(out.path() / "dep" / "issues.md"));
+  // The debug skills that match the failure ran by themselves and name the fault, alone.
+  const std::string issues = slurp(out.path() / "dep" / "issues.md");
+  EXPECT_EQ(named_causes(issues), std::vector<std::string>{c.fault}) << issues;
+  // `tessera diagnose DIR` runs them again on demand.
+  const auto again = run_tessera("diagnose " + out.str("dep") + " --quiet");
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_TRUE(names_cause(again.out, c.fault)) << again.out;
 
   // Phase 2's bisect on this fault (run directly: a phase-1 catch stops the pipeline first).
   Model model = Model::open(model_path);

@@ -26,6 +26,7 @@ using testing_support::run_tessera;
 using testing_support::ScratchDir;
 using testing_support::slurp;
 using testing_support::tiny_model;
+using testing_support::names_cause;
 namespace fs = std::filesystem;
 
 DeployOptions npusim_options(const std::string& preset, const std::string& out, const std::string& plan = "",
@@ -62,6 +63,7 @@ TEST_P(NpusimDeployTiny, EveryGatePassesWithNothingOnTheHost) {
   AuditOptions ao;
   ao.dir = out.str("dep");
   ao.quiet = true;
+  ao.remeasure_wall_time = false;  // ctest runs two tests at once: wall times are not reproducible here
   const AuditResult audit = audit_deployment(ao);
   EXPECT_EQ(audit.verdict(), "PASS") << audit.to_json().dump(1);
 }
@@ -175,6 +177,9 @@ TEST_P(NpusimFault, CaughtByItsPhase) {
     EXPECT_NE(r.diagnosis.find("has "), std::string::npos) << r.diagnosis;
     EXPECT_NE(issues.find(info.name), std::string::npos);
   }
+  // The debug skills that match ran by themselves and name the fault.
+  EXPECT_TRUE(names_cause(issues, info.name)) << info.name << "\n" << issues;
+  EXPECT_TRUE(fs::exists(out.path() / "dep" / "diagnosis.json"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, NpusimFault,

@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 #include <unistd.h>
 
 #include <map>
@@ -103,6 +105,21 @@ inline const std::string& tiny_model(const std::string& preset) {
   o.out_dir = root.str(preset);
   synth(o);
   return made[preset] = o.out_dir;
+}
+
+// The causes the debug skills confirmed, from issues.md's "Named cause(s): a, b" line.
+inline std::vector<std::string> named_causes(const std::string& issues_md) {
+  std::vector<std::string> out;
+  const std::string key = "Named cause(s): ";
+  const size_t at = issues_md.rfind(key);
+  if (at == std::string::npos) return out;
+  std::stringstream line(issues_md.substr(at + key.size(), issues_md.find('\n', at) - at - key.size()));
+  for (std::string c; std::getline(line, c, ',');) out.push_back(c.substr(c.find_first_not_of(' ')));
+  return out;
+}
+inline bool names_cause(const std::string& issues_md, const std::string& cause) {
+  const std::vector<std::string> c = named_causes(issues_md);
+  return std::find(c.begin(), c.end(), cause) != c.end();
 }
 
 inline std::string shared_dir() { return TESSERA_SHARED_DIR; }

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_device_command(app);
   tessera::cli::add_profile_command(app);
   tessera::cli::add_audit_command(app);
+  tessera::cli::add_diagnose_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

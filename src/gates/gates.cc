@@ -281,6 +281,10 @@ const std::map<std::string, Threshold>& thresholds() {
       {"phase6.tokens", {32, "greedy tokens generated and matched per prompt"}},
       {"phase6.prompts_min", {2, "at least this many prompts in the greedy match"}},
       {"phase6.topk", {5, "at the first divergence each side's token is in the other's top-k"}},
+      // debug skills: when an experiment's reference variant counts as matching the target
+      {"diagnose.match_nmse_max", {1e-4, "the target matches a reference variant (bf16 rounding stays ~1e-5)"}},
+      {"diagnose.separation_min", {10, "the target must be this many times closer to a variant than to the correct "
+                                       "reference for the variant to be confirmed"}},
   };
   return table;
 }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "pipeline/diagnose.h"
 #include "pipeline/plan.h"
 #include "targets/registry.h"
 #include "util/error.h"
@@ -59,6 +60,16 @@ nlohmann::json deployment_identity(const Model& model, const DeployOptions& opts
   if (!opts.plan_name.empty()) id["plan"] = opts.plan_name;
   if (!opts.device.empty()) id["device"] = opts.device;
   return id;
+}
+
+DeployOptions options_from_identity(const nlohmann::json& id) {
+  DeployOptions d;
+  d.model_path = id.at("model_path");
+  d.target = id.at("target");
+  for (const auto& f : id.value("faults", nlohmann::json::array())) d.faults.insert(f.get<std::string>());
+  d.plan_name = id.value("plan", "");
+  d.device = id.value("device", "");
+  return d;
 }
 
 std::string gate_summary_markdown(const Deployment& dep) {
@@ -175,9 +186,9 @@ DeployResult deploy(const DeployOptions& opts) {
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     nlohmann::json rows = nlohmann::json::array();
     for (const auto& g : o.gates) rows.push_back(g.to_json());
-    write_json_atomic(dep.file(fmt::format("phase{}.json", p.id)),
-                      {{"phase", p.id}, {"name", p.name}, {"pass", o.pass}, {"summary", o.summary}, {"gates", rows},
-                       {"details", o.details}, {"diagnosis", o.diagnosis}});
+    const nlohmann::json record = {{"phase", p.id}, {"name", p.name}, {"pass", o.pass}, {"summary", o.summary},
+                                   {"gates", rows}, {"details", o.details}, {"diagnosis", o.diagnosis}};
+    write_json_atomic(dep.file(fmt::format("phase{}.json", p.id)), record);
     if (p.id == 1) {
       write_kernel_registry(dep, ctx.target(), o);
       write_plan_files(dep, ctx.target().build_plan(model));
@@ -201,9 +212,18 @@ DeployResult deploy(const DeployOptions& opts) {
       std::string body = o.diagnosis + "\n\nFailing gate rows:\n\n" + gates::GateResult::markdown_header() + "\n";
       for (const auto& g : o.gates)
         if (!g.pass()) body += g.markdown_row() + "\n";
+      // The debug skills that match the failure run by themselves (their experiments use
+      // a fresh runner, so the failing one's state does not leak into them).
+      say("  running the debug skills that match the failure");
+      const std::vector<Diagnosis> ds = run_debug_skills(ctx, Failure{p.id, record});
+      nlohmann::json dj = nlohmann::json::array();
+      for (const Diagnosis& d : ds) dj.push_back(d.to_json());
+      write_json_atomic(dep.file("diagnosis.json"), {{"phase", p.id}, {"diagnoses", dj}});
+      const std::string skills_md = diagnoses_markdown(ds);
+      body += "\n" + skills_md;
       dep.append_issue(p.id, "gate failed", body);
       result.failed_phase = p.id;
-      result.diagnosis = o.diagnosis;
+      result.diagnosis = o.diagnosis + "\n" + skills_md.substr(0, skills_md.find('\n'));
       return result;
     }
   }

@@ -28,6 +28,9 @@ std::vector<std::filesystem::path> model_files(const std::string& model_path);
 nlohmann::json deployment_manifest(const Deployment& dep, const std::string& model_path);
 
 DeployResult deploy(const DeployOptions& opts);
+// The options a deployment was made with, from its identity (model, target, faults, plan,
+// device): how `audit` and `diagnose` rebuild what was gated.
+DeployOptions options_from_identity(const nlohmann::json& identity);
 
 // Renders every phase's gate rows (phaseN.json) as one Markdown summary.
 std::string gate_summary_markdown(const Deployment& dep);

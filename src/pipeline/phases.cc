@@ -110,6 +110,8 @@ struct Capture {
 
 std::string fmt_metric(double v) { return fmt::format("{:.6g}", v); }
 
+}  // namespace
+
 // The long position phase 1 and 2 use for RoPE: far enough that frequency scaling matters.
 int64_t long_position(const ModelSpec& s, int64_t room) {
   return std::max<int64_t>(0, std::min<int64_t>(8192, s.max_position - room - 1));
@@ -124,7 +126,6 @@ std::vector<int32_t> long_prompt(PhaseContext& ctx, size_t cap) {
   return ids;
 }
 
-}  // namespace
 
 // ---------------------------------------------------------------- phase 0: oracle
 

@@ -57,6 +57,9 @@ class PhaseContext {
   void use_plan(const nlohmann::json& plan);
   // A runner of opts.target for `plan` (a rewritten plan phases 4 and 5 try).
   std::unique_ptr<StagedRunner> make_runner(const nlohmann::json& plan) const;
+  // A new runner exactly as target() is made (same plan, same faults), with no state
+  // behind it: the debug skills' experiments start from a clean device.
+  std::unique_ptr<StagedRunner> fresh_target() const { return make_runner(plan_); }
   void progress(const std::string& line) const;
 
   // The oracle's per-layer outputs and last-position logits on a prompt, computed once per
@@ -81,6 +84,11 @@ struct CanonicalPrompt {
 };
 // The canonical prompts, tokenized the model's way (its family's BOS rule).
 std::vector<CanonicalPrompt> canonical_prompts(const Tokenizer& tok);
+// All canonical prompts concatenated, capped at `cap` tokens (phases 1, 2 and the debug
+// skills want one longer sequence), and the far position RoPE is checked at (`room`
+// positions left before the model's context ends).
+std::vector<int32_t> long_prompt(PhaseContext& ctx, size_t cap);
+int64_t long_position(const ModelSpec& s, int64_t room);
 
 PhaseOutcome run_phase0_oracle(PhaseContext& ctx);
 PhaseOutcome run_phase1_kernels(PhaseContext& ctx);

@@ -1,0 +1,539 @@
+#include "pipeline/diagnose.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "gates/gates.h"
+#include "model/tensors.h"
+#include "oracle/ops.h"
+#include "util/error.h"
+#include "util/half.h"
+
+namespace tessera {
+
+namespace {
+
+// ---- shared evidence: the oracle's layer 0 on the long prompt, as phase 1 takes it -------
+
+struct Acts {
+  int64_t T = 0;
+  std::map<std::string, std::vector<float>> probe;  // "embed", "attn_norm", "q", "k", "v", "attn", ...
+  std::vector<float> q_raw, k_raw, v_raw;  // projections with bias, before q/k norm and RoPE
+  std::vector<float> q_nb, k_nb;           // the same without bias
+  std::vector<float> q_bias, k_bias, q_norm, k_norm;
+};
+
+Acts layer0_acts(PhaseContext& ctx) {
+  const ModelSpec& s = ctx.model.spec();
+  Acts a;
+  const std::vector<int32_t> ids = long_prompt(ctx, 64);
+  a.T = int64_t(ids.size());
+  OracleRunner& oracle = ctx.oracle();
+  oracle.reset();
+  oracle.forward(
+      ids, false,
+      [&](const std::string& name, const float* data, int64_t rows, int64_t cols) {
+        if (name == "embed" || name.starts_with("layers.0.")) {
+          const std::string key = name == "embed" ? name : name.substr(9);
+          a.probe[key].assign(data, data + rows * cols);
+        }
+      },
+      ProbeLevel::All);
+  oracle.reset();
+  auto f32 = [&](const std::string& n) {
+    const Weight* w = ctx.model.find(n);
+    return w ? w->to_f32() : std::vector<float>{};
+  };
+  a.q_bias = f32(layer_tensor(0, "self_attn.q_proj.bias"));
+  a.k_bias = f32(layer_tensor(0, "self_attn.k_proj.bias"));
+  a.q_norm = f32(layer_tensor(0, "self_attn.q_norm.weight"));
+  a.k_norm = f32(layer_tensor(0, "self_attn.k_norm.weight"));
+  const std::vector<float> v_bias = f32(layer_tensor(0, "self_attn.v_proj.bias"));
+  auto lin = [&](const char* w, const std::vector<float>& bias, int64_t n) {
+    std::vector<float> y(size_t(a.T * n));
+    oracle::linear(a.probe.at("attn_norm").data(), a.T, ctx.model.get(layer_tensor(0, w)), bias.empty() ? nullptr : bias.data(),
+                   y.data(), 0);
+    return y;
+  };
+  a.q_raw = lin("self_attn.q_proj.weight", a.q_bias, s.q_dim());
+  a.k_raw = lin("self_attn.k_proj.weight", a.k_bias, s.kv_dim());
+  a.v_raw = lin("self_attn.v_proj.weight", v_bias, s.kv_dim());
+  a.q_nb = lin("self_attn.q_proj.weight", {}, s.q_dim());
+  a.k_nb = lin("self_attn.k_proj.weight", {}, s.kv_dim());
+  return a;
+}
+
+double nmse(const std::vector<float>& ref, const std::vector<float>& got) {
+  return gates::compare(ref.data(), got.data(), 1, int64_t(ref.size())).nmse;
+}
+
+// The verdict of "the target did what `variant` does": the target matches the variant
+// (NMSE within the match limit) and is `separation` times closer to it than to the correct
+// reference. A variant closer to the correct reference than match / separation (within a
+// bf16 target's own rounding) cannot be told apart: not applicable.
+Hypothesis judge(std::string name, std::string cause, const std::vector<float>& got, const std::vector<float>& variant,
+                 const std::vector<float>& correct) {
+  const double match = gates::threshold("diagnose.match_nmse_max"), sep = gates::threshold("diagnose.separation_min");
+  const double to_variant = nmse(variant, got), apart = nmse(correct, variant), to_correct = nmse(correct, got);
+  Hypothesis h{std::move(name), std::move(cause), "", ""};
+  h.evidence = fmt::format("NMSE target vs this variant {:.3g}, vs the correct reference {:.3g}; the variant is {:.3g} "
+                           "from the correct one",
+                           to_variant, to_correct, apart);
+  if (!(apart >= match / sep)) h.verdict = "not applicable";
+  else h.verdict = to_variant <= match && to_correct >= sep * to_variant ? "confirmed" : "ruled out";
+  return h;
+}
+
+Hypothesis not_applicable(std::string name, std::string cause, std::string why) {
+  return {std::move(name), std::move(cause), "not applicable", std::move(why)};
+}
+
+// ---- RoPE references -------------------------------------------------------------------
+
+struct RopeVariant {
+  bool interleaved = false;
+  bool scaled = true;
+  enum Norm { Before, After, None } norm = Before;  // q/k norm (Qwen3) relative to RoPE
+};
+
+// rows of x (heads of hd each) at positions pos.. as the variant computes them.
+std::vector<float> rope_ref(const ModelSpec& s, const float* x, int64_t rows, int64_t heads, int64_t pos,
+                            const std::vector<float>& norm_w, const RopeVariant& v) {
+  const int64_t hd = s.head_dim;
+  std::vector<float> y(x, x + rows * heads * hd);
+  const bool norm = s.qk_norm && v.norm != RopeVariant::None;
+  if (norm && v.norm == RopeVariant::Before) oracle::rmsnorm(y.data(), norm_w.data(), y.data(), rows * heads, hd, s.rms_eps);
+  ModelSpec unscaled = s;
+  unscaled.rope_scaling = RopeScaling{};
+  unscaled.rope_freq_factors.clear();
+  const std::vector<float> inv = oracle::rope_inv_freq(v.scaled ? s : unscaled);
+  if (v.interleaved) {  // pairs (x[2i], x[2i+1]): permute into half-split order, rotate, permute back
+    std::vector<float> tmp(static_cast<size_t>(hd));
+    auto permute = [&](bool forward) {
+      for (int64_t r = 0; r < rows * heads; ++r) {
+        float* h = y.data() + r * hd;
+        for (int64_t i = 0; i < hd / 2; ++i) {
+          if (forward) tmp[size_t(i)] = h[2 * i], tmp[size_t(i + hd / 2)] = h[2 * i + 1];
+          else tmp[size_t(2 * i)] = h[i], tmp[size_t(2 * i + 1)] = h[i + hd / 2];
+        }
+        std::copy(tmp.begin(), tmp.end(), h);
+      }
+    };
+    permute(true);
+    oracle::rope(y.data(), rows, heads, hd, pos, inv);
+    permute(false);
+  } else {
+    oracle::rope(y.data(), rows, heads, hd, pos, inv);
+  }
+  if (norm && v.norm == RopeVariant::After) oracle::rmsnorm(y.data(), norm_w.data(), y.data(), rows * heads, hd, s.rms_eps);
+  return y;
+}
+
+bool has_rope_scaling(const ModelSpec& s) {
+  return s.rope_scaling.type != RopeScaling::Type::None || !s.rope_freq_factors.empty();
+}
+
+// S1: RoPE pairing, frequency scaling (in which pass), q/k norm order.
+std::vector<Hypothesis> rope_variant(PhaseContext& ctx, const Failure&) {
+  const ModelSpec& s = ctx.model.spec();
+  const Acts a = layer0_acts(ctx);
+  const int64_t T = a.T, Q = s.q_dim(), KV = s.kv_dim();
+  std::unique_ptr<StagedRunner> t = ctx.fresh_target();
+  // The target's RoPE on the raw projections at three call shapes: T rows from position 0,
+  // two rows far out (a prefill shape) and one row far out (a decode step).
+  const int64_t far = long_position(s, 2);
+  auto run = [&](int64_t first_row, int64_t rows, int64_t pos) {
+    std::vector<float> q(a.q_raw.begin() + first_row * Q, a.q_raw.begin() + (first_row + rows) * Q);
+    std::vector<float> k(a.k_raw.begin() + first_row * KV, a.k_raw.begin() + (first_row + rows) * KV);
+    t->op_rope(0, q.data(), k.data(), rows, pos);
+    return q;
+  };
+  auto ref = [&](int64_t first_row, int64_t rows, int64_t pos, const RopeVariant& v) {
+    return rope_ref(s, a.q_raw.data() + first_row * Q, rows, s.n_heads, pos, a.q_norm, v);
+  };
+  const std::vector<float> got0 = run(0, T, 0), got_pf = run(T - 2, 2, far - 1), got_d = run(T - 1, 1, far);
+  const RopeVariant ok;
+  std::vector<Hypothesis> out;
+  {
+    RopeVariant v;
+    v.interleaved = true;
+    out.push_back(judge("pairs interleaved (x[2i], x[2i+1]) instead of half-split", "rope-interleaved", got0, ref(0, T, 0, v),
+                        ref(0, T, 0, ok)));
+  }
+  RopeVariant unscaled;
+  unscaled.scaled = false;
+  if (!has_rope_scaling(s)) {
+    out.push_back(not_applicable("frequency scaling applied in prefill only", "rope-scaling-prefill-only",
+                                 "the model has no RoPE frequency scaling"));
+    out.push_back(not_applicable("frequency scaling missing", "rope scaling missing", "the model has no RoPE frequency scaling"));
+  } else {
+    // Prefill-only: the prefill shape is right and the decode step runs unscaled.
+    Hypothesis d = judge("frequency scaling applied in prefill only", "rope-scaling-prefill-only", got_d,
+                         ref(T - 1, 1, far, unscaled), ref(T - 1, 1, far, ok));
+    const double pf_ok = nmse(ref(T - 2, 2, far - 1, ok), got_pf);
+    d.evidence = fmt::format("decode step: {}; prefill shape at {}: NMSE vs the scaled reference {:.3g}", d.evidence,
+                             far - 1, pf_ok);
+    const bool prefill_right = pf_ok <= gates::threshold("diagnose.match_nmse_max");
+    Hypothesis m = judge("frequency scaling missing", "rope scaling missing", got_pf, ref(T - 2, 2, far - 1, unscaled),
+                         ref(T - 2, 2, far - 1, ok));
+    if (d.verdict == "confirmed" && !prefill_right) d.verdict = "ruled out";
+    if (m.verdict == "confirmed" && d.verdict == "confirmed") m.verdict = "ruled out";
+    out.push_back(d);
+    out.push_back(m);
+  }
+  if (!s.qk_norm) {
+    out.push_back(not_applicable("q/k norm applied after RoPE", "qk-norm-after-rope", "the model has no q/k norm"));
+    out.push_back(not_applicable("q/k norm missing", "q/k norm missing", "the model has no q/k norm"));
+  } else {
+    RopeVariant after, none;
+    after.norm = RopeVariant::After;
+    none.norm = RopeVariant::None;
+    out.push_back(judge("q/k norm applied after RoPE", "qk-norm-after-rope", got0, ref(0, T, 0, after), ref(0, T, 0, ok)));
+    out.push_back(judge("q/k norm missing", "q/k norm missing", got0, ref(0, T, 0, none), ref(0, T, 0, ok)));
+  }
+  return out;
+}
+
+// ---- S2: the q/k/v projections ------------------------------------------------------------
+
+std::vector<Hypothesis> qkv_projection(PhaseContext& ctx, const Failure&) {
+  const ModelSpec& s = ctx.model.spec();
+  const Acts a = layer0_acts(ctx);
+  const int64_t T = a.T, Q = s.q_dim(), H = s.hidden;
+  std::unique_ptr<StagedRunner> t = ctx.fresh_target();
+  const std::string wq = layer_tensor(0, "self_attn.q_proj.weight");
+  std::vector<float> got(size_t(T * Q));
+  t->op_linear(Stage::QkvProj, a.probe.at("attn_norm").data(), T, wq, a.q_bias, got.data());
+  std::vector<Hypothesis> out;
+  if (!s.qkv_bias) out.push_back(not_applicable("q/k/v bias dropped", "drop-qkv-bias", "the model has no q/k/v bias"));
+  else out.push_back(judge("q/k/v bias dropped", "drop-qkv-bias", got, a.q_nb, a.q_raw));
+
+  {  // The DMA (or a loader) walking W [N, K] as if it were [K, N]: element (n, k) read at k*N + n.
+    const std::vector<float> w = ctx.model.get(wq).to_f32();
+    const std::vector<float>& x = a.probe.at("attn_norm");
+    std::vector<float> y(size_t(T * Q));
+    for (int64_t r = 0; r < T; ++r)
+      for (int64_t n = 0; n < Q; ++n) {
+        double acc = a.q_bias.empty() ? 0.0 : a.q_bias[size_t(n)];
+        for (int64_t k = 0; k < H; ++k) acc += double(x[size_t(r * H + k)]) * w[size_t(k * Q + n)];
+        y[size_t(r * Q + n)] = float(acc);
+      }
+    out.push_back(judge("weight walked transposed (a wrong access pattern)", "bad-access-pattern", got, y, a.q_raw));
+  }
+
+  {  // The composed block: does the fused q|k|v path hand the keys to v?
+    std::vector<float> h = a.probe.at("embed");
+    std::map<std::string, std::vector<float>> probes;
+    t->reset();
+    t->forward_layers(
+        h.data(), T, 1,
+        [&](const std::string& name, const float* data, int64_t rows, int64_t cols) {
+          if (name == "layers.0.v") probes[name].assign(data, data + rows * cols);
+        },
+        ProbeLevel::All);
+    t->reset();
+    if (!probes.count("layers.0.v"))
+      out.push_back(not_applicable("fused q|k|v outputs swapped", "fused-qkv-swap", "the target does not probe v"));
+    else
+      out.push_back(judge("fused q|k|v outputs swapped (keys in v)", "fused-qkv-swap", probes["layers.0.v"], a.k_raw, a.v_raw));
+  }
+  return out;
+}
+
+// ---- S3: attention ----------------------------------------------------------------------
+
+std::vector<Hypothesis> attention_variant(PhaseContext& ctx, const Failure&) {
+  const ModelSpec& s = ctx.model.spec();
+  const Acts a = layer0_acts(ctx);
+  const int64_t T = a.T, Q = s.q_dim(), KV = s.kv_dim(), hd = s.head_dim, nh = s.n_heads, nkv = s.n_kv_heads;
+  std::unique_ptr<StagedRunner> t = ctx.fresh_target();
+  const std::vector<float>&q = a.probe.at("q"), &k = a.probe.at("k"), &v = a.probe.at("v");
+  t->reset();
+  t->op_kv_write(0, 0, k.data(), v.data(), T);
+  std::vector<float> got(size_t(T * Q));
+  t->op_attention(0, q.data(), T, 0, got.data());
+  t->reset();
+  // One head's reference: query head h over kv head g with scores scaled by `scale`
+  // (scores are linear in q, so the query is pre-multiplied).
+  ModelSpec one = s;
+  one.n_heads = one.n_kv_heads = 1;
+  auto head_ref = [&](int64_t h, int64_t g, double scale) {
+    std::vector<float> qh(size_t(T * hd)), kg(size_t(T * hd)), vg(size_t(T * hd)), o(size_t(T * hd));
+    const double f = scale / s.attn_scale();
+    for (int64_t r = 0; r < T; ++r)
+      for (int64_t i = 0; i < hd; ++i) {
+        qh[size_t(r * hd + i)] = float(q[size_t(r * Q + h * hd + i)] * f);
+        kg[size_t(r * hd + i)] = k[size_t(r * KV + g * hd + i)];
+        vg[size_t(r * hd + i)] = v[size_t(r * KV + g * hd + i)];
+      }
+    oracle::attention(qh.data(), T, 0, kg.data(), vg.data(), one, o.data(), 0);
+    return o;
+  };
+  auto assemble = [&](const std::function<int64_t(int64_t)>& map, double scale) {
+    std::vector<float> out(size_t(T * Q));
+    for (int64_t h = 0; h < nh; ++h) {
+      const std::vector<float> o = head_ref(h, map(h), scale);
+      for (int64_t r = 0; r < T; ++r) std::copy_n(o.begin() + r * hd, hd, out.begin() + r * Q + h * hd);
+    }
+    return out;
+  };
+  const int64_t group = nh / nkv;
+  auto right = [&](int64_t h) { return h / group; };
+  const std::vector<float> correct = assemble(right, s.attn_scale());
+  std::vector<Hypothesis> out;
+  if (nkv == nh || nkv == 1)
+    out.push_back(not_applicable("GQA head mapping h % n_kv", "gqa-modulo",
+                                 fmt::format("{} kv heads for {} query heads: every mapping is the same", nkv, nh)));
+  else
+    out.push_back(judge("GQA head mapping h % n_kv instead of h / group", "gqa-modulo", got,
+                        assemble([&](int64_t h) { return h % nkv; }, s.attn_scale()), correct));
+  const double hidden_scale = 1.0 / std::sqrt(double(s.hidden) / double(nh));
+  if (s.hidden / nh == hd)
+    out.push_back(not_applicable("scale from hidden / heads", "attn-scale-hidden",
+                                 "head_dim equals hidden / heads: the two scales agree"));
+  else
+    out.push_back(judge("scores scaled by (hidden / heads)^-0.5 instead of head_dim^-0.5", "attn-scale-hidden", got,
+                        assemble(right, hidden_scale), correct));
+  out.push_back(judge("scores scaled by 1 / head_dim (no square root)", "attention scale without the square root", got,
+                      assemble(right, 1.0 / double(hd)), correct));
+  return out;
+}
+
+// ---- S4: accumulation precision ----------------------------------------------------------
+
+std::vector<Hypothesis> gemm_precision(PhaseContext& ctx, const Failure&) {
+  const ModelSpec& s = ctx.model.spec();
+  const Acts a = layer0_acts(ctx);
+  const int64_t H = s.hidden, N = std::min<int64_t>(s.q_dim(), 256);
+  std::unique_ptr<StagedRunner> t = ctx.fresh_target();
+  const std::string wq = layer_tensor(0, "self_attn.q_proj.weight");
+  const float* x = a.probe.at("attn_norm").data() + (a.T - 1) * H;  // one row: the decode shape
+  std::vector<float> got(size_t(s.q_dim()));
+  t->op_linear(Stage::QkvProj, x, 1, wq, a.q_bias, got.data());
+  got.resize(size_t(N));
+  const std::vector<float> w = ctx.model.get(wq).to_f32();
+  std::vector<float> exact(static_cast<size_t>(N)), bf16acc(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) {
+    double e = 0;
+    float acc = 0;
+    for (int64_t k = 0; k < H; ++k) {
+      const float p = x[k] * w[size_t(n * H + k)];
+      e += double(p);
+      acc = bf16_to_f32(f32_to_bf16(acc + p));  // the running sum held in bf16
+    }
+    const float b = a.q_bias.empty() ? 0.0f : a.q_bias[size_t(n)];
+    exact[size_t(n)] = float(e) + b;
+    bf16acc[size_t(n)] = acc + b;
+  }
+  return {judge("GEMM/GEMV accumulating in bf16 instead of fp32", "bf16-accumulate", got, bf16acc, exact)};
+}
+
+// ---- S5: the KV cache across calls --------------------------------------------------------
+
+std::vector<Hypothesis> kv_cache_state(PhaseContext& ctx, const Failure&) {
+  const ModelSpec& s = ctx.model.spec();
+  const Acts a = layer0_acts(ctx);
+  const int64_t T = a.T, KV = s.kv_dim();
+  std::unique_ptr<StagedRunner> t = ctx.fresh_target();
+  const std::vector<float>&k = a.probe.at("k"), &v = a.probe.at("v");
+  // "Run the same call twice": a prefill write, then the last two rows one decode step each.
+  t->reset();
+  t->op_kv_write(0, 0, k.data(), v.data(), T - 2);
+  t->op_kv_write(0, T - 2, k.data() + (T - 2) * KV, v.data() + (T - 2) * KV, 1);
+  t->op_kv_write(0, T - 1, k.data() + (T - 1) * KV, v.data() + (T - 1) * KV, 1);
+  std::vector<float> kb(size_t(T * KV)), vb(size_t(T * KV));
+  t->kv_read(0, 0, T, kb.data(), vb.data());
+  t->reset();
+  const std::vector<float> last_read(kb.end() - KV, kb.end()), prev_read(kb.end() - 2 * KV, kb.end() - KV),
+      last_written(k.end() - KV, k.end());
+  Hypothesis h = judge("a decode step writes the previous step's row (stale buffer)", "stale-kv", last_read, prev_read,
+                       last_written);
+  h.evidence = "last decode row read back vs the row before it: " + h.evidence;
+  return {h};
+}
+
+// ---- S6: an operand that is not refreshed between calls ------------------------------------
+
+std::vector<Hypothesis> stale_operand(PhaseContext& ctx, const Failure&) {
+  const ModelSpec& s = ctx.model.spec();
+  const Acts a = layer0_acts(ctx);
+  const int64_t T = a.T, H = s.hidden;
+  std::unique_ptr<StagedRunner> t = ctx.fresh_target();
+  // Two calls of the same kernel and shape on different inputs: the second must not see the first's.
+  std::vector<float> first(size_t(T * H)), second(size_t(T * H));
+  t->op_rmsnorm(Stage::AttnNorm, 0, a.probe.at("embed").data(), T, first.data());
+  const std::vector<float>& in2 = a.probe.at("attn_residual");
+  t->op_rmsnorm(Stage::MlpNorm, 0, in2.data(), T, second.data());
+  const std::vector<float> w = ctx.model.get(layer_tensor(0, "post_attention_layernorm.weight")).to_f32();
+  std::vector<float> correct(size_t(T * H)), stale(size_t(T * H));
+  oracle::rmsnorm(in2.data(), w.data(), correct.data(), T, H, s.rms_eps);
+  oracle::rmsnorm(a.probe.at("embed").data(), w.data(), stale.data(), T, H, s.rms_eps);
+  Hypothesis h = judge("the second call computes on the first call's input (an input buffer not refreshed)", "stale-buffer",
+                       second, stale, correct);
+  return {h};
+}
+
+// ---- S7: a refused mapping ------------------------------------------------------------------
+
+std::vector<Hypothesis> refusal(PhaseContext&, const Failure& f) {
+  const std::string text = f.record.at("details").value("refused", "");
+  std::vector<Hypothesis> out;
+  for (const char* code : {"l1-overflow", "l2-overflow", "bd-exhaustion", "bd-repeat", "bd-dims", "dma-channels",
+                           "lock-exhaustion", "vector-length", "placement", "fifo-shape"}) {
+    const size_t at = text.find(std::string(code) + ":");
+    if (at == std::string::npos) continue;
+    const size_t end = text.find('\n', at);
+    out.push_back({fmt::format("the checker refuses with {}", code), code, "confirmed",
+                   text.substr(at, end == std::string::npos ? std::string::npos : end - at)});
+  }
+  if (out.empty()) out.push_back({"a refusal code of the checker", "unknown refusal", "ruled out", text.substr(0, 300)});
+  return out;
+}
+
+// ---- S8: the evaluator's findings (phase 7) ------------------------------------------------
+
+std::vector<Hypothesis> audit_findings(PhaseContext&, const Failure& f) {
+  std::vector<Hypothesis> out;
+  for (const auto& finding : f.record.value("findings", nlohmann::json::array())) {
+    if (finding.value("verdict", "") != "fail") continue;
+    const std::string check = finding.value("check", ""), detail = finding.value("detail", "");
+    if (check == "op-counters" && detail.find("by the oracle") != std::string::npos)
+      out.push_back({"a stage silently computed by the oracle", "oracle-fallback", "confirmed", detail});
+    else if (check == "determinism")
+      out.push_back({"output differs between identical runs", "nondeterministic", "confirmed", detail});
+    else if (check == "hashes")
+      out.push_back({"files edited after the deploy", "edited after deploy", "confirmed", detail});
+    else if (check == "thresholds")
+      out.push_back({"a stored gate row loosened", "threshold loosened", "confirmed", detail});
+    else
+      out.push_back({"finding " + check, check, "confirmed", detail});
+  }
+  return out;
+}
+
+std::string stage_of_kernel_row(const nlohmann::json& row) {
+  const std::string kernel = row.value("kernel", ""), role = row.value("role", "");
+  if (kernel == "gemm") {
+    for (const char* r : {"q_proj", "k_proj", "v_proj"})
+      if (role.starts_with(r)) return "qkv_proj";
+    if (role.starts_with("gate_proj") || role.starts_with("up_proj")) return "gate_up_proj";
+    if (role.starts_with("down_proj")) return "down_proj";
+    if (role.starts_with("o_proj")) return "o_proj";
+    if (role.starts_with("lm_head")) return "lm_head";
+  }
+  if (kernel == "rmsnorm") return role;  // attn_norm, mlp_norm, final_norm
+  if (kernel == "add") return role;
+  return kernel;  // embedding, rope, kv_write, attention, silu_mul
+}
+
+}  // namespace
+
+std::set<Stage> Failure::suspects() const {
+  std::set<Stage> out;
+  const nlohmann::json d = record.value("details", nlohmann::json::object());
+  for (const auto& row : d.value("kernels", nlohmann::json::array()))
+    if (!row.value("pass", true)) {
+      const std::string name = stage_of_kernel_row(row);
+      for (int i = 0; i < kStageCount; ++i)
+        if (name == stage_name(Stage(i))) out.insert(Stage(i));
+    }
+  if (d.contains("bisect") && d["bisect"].value("named", false)) {
+    const std::string name = d["bisect"].value("stage", "");
+    for (int i = 0; i < kStageCount; ++i)
+      if (name == stage_name(Stage(i))) out.insert(Stage(i));
+  }
+  return out;
+}
+
+std::vector<std::string> Diagnosis::confirmed_causes() const {
+  std::vector<std::string> out;
+  for (const Hypothesis& h : hypotheses)
+    if (h.verdict == "confirmed") out.push_back(h.cause);
+  return out;
+}
+
+nlohmann::json Diagnosis::to_json() const {
+  nlohmann::json j = {{"skill", skill}, {"symptom", symptom}, {"where", where}, {"hypotheses", nlohmann::json::array()}};
+  for (const Hypothesis& h : hypotheses)
+    j["hypotheses"].push_back({{"name", h.name}, {"cause", h.cause}, {"verdict", h.verdict}, {"evidence", h.evidence}});
+  return j;
+}
+
+std::string Diagnosis::markdown() const {
+  std::string md = fmt::format("### Debug skill `{}`\n\nSymptom: {}. Where to look: {}.\n\n| hypothesis | cause | verdict | evidence |\n"
+                               "|---|---|---|---|\n",
+                               skill, symptom, where);
+  for (const Hypothesis& h : hypotheses)
+    md += fmt::format("| {} | `{}` | {} | {} |\n", h.name, h.cause, h.verdict == "confirmed" ? "**confirmed**" : h.verdict,
+                      h.evidence);
+  return md;
+}
+
+const std::vector<DebugSkill>& debug_skills() {
+  static const std::vector<DebugSkill> skills = {
+      {"rope-variant", "RoPE output wrong (phase 1 rope rows, or bisect names rope): from position 1, only far out, or only in decode",
+       "the target's RoPE kernel and the inverse frequencies it was given", {Stage::Rope}, nullptr, rope_variant},
+      {"qkv-projection", "q/k/v projections wrong (phase 1 gemm rows of q/k/v_proj, or bisect names qkv_proj)",
+       "the target's linear / fused shared-input kernels, bias handling, weight access pattern", {Stage::QkvProj}, nullptr,
+       qkv_projection},
+      {"attention-variant", "attention output wrong (phase 1 attention rows, or bisect names attention)",
+       "the target's attention kernel: kv-head index, score scale", {Stage::Attention}, nullptr, attention_variant},
+      {"gemm-precision", "every projection off by a smooth, K-dependent error (phase 1 gemm rows)",
+       "the target's GEMM/GEMV accumulator type",
+       {Stage::QkvProj, Stage::OProj, Stage::GateUpProj, Stage::DownProj, Stage::LmHead}, nullptr, gemm_precision},
+      {"kv-cache-state", "right on the first call, wrong after (decode scenarios, or bisect names kv_write)",
+       "the target's KV write path for single-row (decode) steps", {Stage::KvWrite, Stage::Attention}, nullptr,
+       kv_cache_state},
+      {"stale-operand", "a kernel right on its first call and wrong on a later call of the same shape",
+       "input fifos marked resident, buffers reused across calls", {Stage::AttnNorm, Stage::MlpNorm}, nullptr,
+       stale_operand},
+      {"mapping-refused", "the target refused a mapping (npusim checker)", "the refusal's tile and numbers; the mapping's tiles",
+       {}, [](const Failure& f) { return f.record.contains("details") && f.record["details"].contains("refused"); },
+       refusal},
+      {"audit-finding", "the independent evaluator (phase 7) failed the deployment", "evaluation_report.md; the named check",
+       {}, [](const Failure& f) { return f.phase == 7; }, audit_findings},
+  };
+  return skills;
+}
+
+std::vector<Diagnosis> run_debug_skills(PhaseContext& ctx, const Failure& f) {
+  const std::set<Stage> suspects = f.suspects();
+  const bool refused = f.record.contains("details") && f.record["details"].contains("refused");
+  std::vector<Diagnosis> out;
+  for (const DebugSkill& skill : debug_skills()) {
+    bool match = skill.matches ? skill.matches(f) : false;
+    if (!skill.stages.empty() && f.phase >= 1 && f.phase <= 6 && !refused) {
+      // A record that names stages picks the skills for them; one that names none (phases
+      // 3 and later, a bisect without a verdict) runs every stage skill.
+      match = suspects.empty() ||
+              std::any_of(skill.stages.begin(), skill.stages.end(), [&](Stage s) { return suspects.count(s) > 0; });
+    }
+    if (!match) continue;
+    ctx.progress(fmt::format("[diagnose] {}", skill.name));
+    Diagnosis d{skill.name, skill.symptom, skill.where, {}};
+    try {
+      d.hypotheses = skill.run(ctx, f);
+    } catch (const Error& e) {
+      d.hypotheses.push_back({"the experiment itself", "experiment failed", "ruled out", e.what()});
+    }
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+std::string diagnoses_markdown(const std::vector<Diagnosis>& ds) {
+  std::vector<std::string> causes;
+  for (const Diagnosis& d : ds)
+    for (const std::string& c : d.confirmed_causes())
+      if (std::find(causes.begin(), causes.end(), c) == causes.end()) causes.push_back(c);
+  std::string md = causes.empty() ? "Debug skills ran; no hypothesis was confirmed (see the tables).\n"
+                                  : fmt::format("Named cause(s): {}\n", fmt::join(causes, ", "));
+  for (const Diagnosis& d : ds) md += "\n" + d.markdown();
+  return md;
+}
+
+}  // namespace tessera
