@@ -171,7 +171,7 @@ TEST_P(NpusimFault, CaughtByItsPhase) {
   EXPECT_FALSE(r.pass);
   EXPECT_EQ(r.failed_phase, info.first_phase) << info.name << ": " << r.diagnosis;
   const std::string issues = slurp(out.path() / "dep" / "issues.md");
-  if (info.name == "l1-overflow" || info.name == "bd-exhaustion") {
+  if (info.name == "l1-overflow" || info.name == "bd-exhaustion" || info.name == "dma-channels") {
     // A refusal names its code, the tile and both numbers.
     EXPECT_NE(r.diagnosis.find(info.name + ": tile ("), std::string::npos) << r.diagnosis;
     EXPECT_NE(r.diagnosis.find("has "), std::string::npos) << r.diagnosis;
@@ -183,7 +183,7 @@ TEST_P(NpusimFault, CaughtByItsPhase) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, NpusimFault,
-                         ::testing::Values("l1-overflow", "bd-exhaustion", "bad-access-pattern", "stale-buffer"),
+                         ::testing::Values("l1-overflow", "bd-exhaustion", "bad-access-pattern", "stale-buffer", "dma-channels"),
                          param_name);
 
 // ---- predictions: the model orders the plans as the reference deployment measured them

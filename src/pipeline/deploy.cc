@@ -95,11 +95,13 @@ void write_kernel_registry(Deployment& dep, const StagedRunner& target, const Ph
                                "real layer-0 activations vs its oracle twin.\n\n",
                                target.target(), target.isa());
   md += "| kernel | role | shape | nmse | max_abs | pearson | cosine | verdict |\n|---|---|---|---|---|---|---|---|\n";
+  // Metrics travel as numbers, or as "nan" / "inf" strings when not finite (gates.h).
+  auto g3 = [](const nlohmann::json& v) { return v.is_number() ? fmt::format("{:.3g}", v.get<double>()) : v.get<std::string>(); };
+  auto f6 = [](const nlohmann::json& v) { return v.is_number() ? fmt::format("{:.6f}", v.get<double>()) : v.get<std::string>(); };
   for (const auto& k : reg["kernels"]) {
     const auto& m = k["metrics"];
-    md += fmt::format("| {} | {} | {} | {:.3g} | {:.3g} | {:.6f} | {:.6f} | {} |\n", k["kernel"].get<std::string>(),
-                      k["role"].get<std::string>(), k["shape"].get<std::string>(), m["nmse"].get<double>(),
-                      m["max_abs"].get<double>(), m["pearson"].get<double>(), m["cosine"].get<double>(),
+    md += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} |\n", k["kernel"].get<std::string>(), k["role"].get<std::string>(),
+                      k["shape"].get<std::string>(), g3(m["nmse"]), g3(m["max_abs"]), f6(m["pearson"]), f6(m["cosine"]),
                       k["pass"].get<bool>() ? "PASS" : "FAIL");
   }
   write_file_atomic(dep.file("kernel_registry.md"), md);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "gates/gates.h"
@@ -97,7 +98,7 @@ Hypothesis not_applicable(std::string name, std::string cause, std::string why) 
 struct RopeVariant {
   bool interleaved = false;
   bool scaled = true;
-  enum Norm { Before, After, None } norm = Before;  // q/k norm (Qwen3) relative to RoPE
+  enum Norm { Before, After, None, WholeProjection } norm = Before;  // q/k norm (Qwen3) relative to RoPE
 };
 
 // rows of x (heads of hd each) at positions pos.. as the variant computes them.
@@ -107,6 +108,11 @@ std::vector<float> rope_ref(const ModelSpec& s, const float* x, int64_t rows, in
   std::vector<float> y(x, x + rows * heads * hd);
   const bool norm = s.qk_norm && v.norm != RopeVariant::None;
   if (norm && v.norm == RopeVariant::Before) oracle::rmsnorm(y.data(), norm_w.data(), y.data(), rows * heads, hd, s.rms_eps);
+  if (norm && v.norm == RopeVariant::WholeProjection) {  // one RMS over the row, the weight tiled
+    std::vector<float> w(static_cast<size_t>(heads * hd));
+    for (int64_t h = 0; h < heads; ++h) std::copy(norm_w.begin(), norm_w.end(), w.begin() + h * hd);
+    oracle::rmsnorm(y.data(), w.data(), y.data(), rows, heads * hd, s.rms_eps);
+  }
   ModelSpec unscaled = s;
   unscaled.rope_scaling = RopeScaling{};
   unscaled.rope_freq_factors.clear();
@@ -169,7 +175,7 @@ std::vector<Hypothesis> rope_variant(PhaseContext& ctx, const Failure&) {
   if (!has_rope_scaling(s)) {
     out.push_back(not_applicable("frequency scaling applied in prefill only", "rope-scaling-prefill-only",
                                  "the model has no RoPE frequency scaling"));
-    out.push_back(not_applicable("frequency scaling missing", "rope scaling missing", "the model has no RoPE frequency scaling"));
+    out.push_back(not_applicable("frequency scaling missing", "rope-scaling-missing", "the model has no RoPE frequency scaling"));
   } else {
     // Prefill-only: the prefill shape is right and the decode step runs unscaled.
     Hypothesis d = judge("frequency scaling applied in prefill only", "rope-scaling-prefill-only", got_d,
@@ -178,7 +184,7 @@ std::vector<Hypothesis> rope_variant(PhaseContext& ctx, const Failure&) {
     d.evidence = fmt::format("decode step: {}; prefill shape at {}: NMSE vs the scaled reference {:.3g}", d.evidence,
                              far - 1, pf_ok);
     const bool prefill_right = pf_ok <= gates::threshold("diagnose.match_nmse_max");
-    Hypothesis m = judge("frequency scaling missing", "rope scaling missing", got_pf, ref(T - 2, 2, far - 1, unscaled),
+    Hypothesis m = judge("frequency scaling missing", "rope-scaling-missing", got_pf, ref(T - 2, 2, far - 1, unscaled),
                          ref(T - 2, 2, far - 1, ok));
     if (d.verdict == "confirmed" && !prefill_right) d.verdict = "ruled out";
     if (m.verdict == "confirmed" && d.verdict == "confirmed") m.verdict = "ruled out";
@@ -188,12 +194,17 @@ std::vector<Hypothesis> rope_variant(PhaseContext& ctx, const Failure&) {
   if (!s.qk_norm) {
     out.push_back(not_applicable("q/k norm applied after RoPE", "qk-norm-after-rope", "the model has no q/k norm"));
     out.push_back(not_applicable("q/k norm missing", "q/k norm missing", "the model has no q/k norm"));
+    out.push_back(not_applicable("q/k norm over the whole projection", "qk-norm-whole-projection",
+                                 "the model has no q/k norm"));
   } else {
-    RopeVariant after, none;
+    RopeVariant after, none, whole;
     after.norm = RopeVariant::After;
     none.norm = RopeVariant::None;
+    whole.norm = RopeVariant::WholeProjection;
     out.push_back(judge("q/k norm applied after RoPE", "qk-norm-after-rope", got0, ref(0, T, 0, after), ref(0, T, 0, ok)));
     out.push_back(judge("q/k norm missing", "q/k norm missing", got0, ref(0, T, 0, none), ref(0, T, 0, ok)));
+    out.push_back(judge("q/k norm over each token's whole projection instead of per head", "qk-norm-whole-projection",
+                        got0, ref(0, T, 0, whole), ref(0, T, 0, ok)));
   }
   return out;
 }
@@ -209,8 +220,37 @@ std::vector<Hypothesis> qkv_projection(PhaseContext& ctx, const Failure&) {
   std::vector<float> got(size_t(T * Q));
   t->op_linear(Stage::QkvProj, a.probe.at("attn_norm").data(), T, wq, a.q_bias, got.data());
   std::vector<Hypothesis> out;
-  if (!s.qkv_bias) out.push_back(not_applicable("q/k/v bias dropped", "drop-qkv-bias", "the model has no q/k/v bias"));
-  else out.push_back(judge("q/k/v bias dropped", "drop-qkv-bias", got, a.q_nb, a.q_raw));
+  if (!s.qkv_bias) {
+    out.push_back(not_applicable("q/k/v bias dropped", "drop-qkv-bias", "the model has no q/k/v bias"));
+    out.push_back(not_applicable("q/k bias added after RoPE", "qkv-bias-after-rope", "the model has no q/k/v bias"));
+  } else {
+    // The projection without its bias; then, is the bias added back after RoPE? (the
+    // target's RoPE on the bias-free projection, against RoPE of it plus the bias)
+    const Hypothesis no_bias = judge("the projection leaves the bias out", "", got, a.q_nb, a.q_raw);
+    std::vector<float> qn = a.q_nb, kn = a.k_nb;
+    t->op_rope(0, qn.data(), kn.data(), T, 0);
+    const std::vector<float> rot = rope_ref(s, a.q_nb.data(), T, s.n_heads, 0, a.q_norm, RopeVariant{});
+    std::vector<float> rot_plus = rot;
+    for (int64_t r = 0; r < T; ++r)
+      for (int64_t i = 0; i < Q; ++i) rot_plus[size_t(r * Q + i)] += a.q_bias[size_t(i)];
+    Hypothesis after = judge("q/k bias added after RoPE instead of in the projection", "qkv-bias-after-rope", qn, rot_plus, rot);
+    after.evidence = "projection: " + no_bias.evidence + "; RoPE of it: " + after.evidence;
+    if (no_bias.verdict != "confirmed" && after.verdict == "confirmed") after.verdict = "ruled out";
+    Hypothesis dropped{"q/k/v bias dropped", "drop-qkv-bias", no_bias.verdict, no_bias.evidence};
+    if (after.verdict == "confirmed") dropped.verdict = "ruled out";  // not dropped: moved
+    out.push_back(dropped);
+    out.push_back(after);
+  }
+  {  // Each head's rows in the GGUF llama order: output (half, i) at 2i + half.
+    const int64_t hd = s.head_dim;
+    std::vector<float> perm(a.q_raw.size());
+    for (int64_t r = 0; r < T; ++r)
+      for (int64_t h = 0; h < s.n_heads; ++h)
+        for (int64_t half = 0; half < 2; ++half)
+          for (int64_t i = 0; i < hd / 2; ++i)
+            perm[size_t(r * Q + h * hd + 2 * i + half)] = a.q_raw[size_t(r * Q + h * hd + half * hd / 2 + i)];
+    out.push_back(judge("q/k rows permuted per head (the GGUF order not undone)", "qk-rows-permuted", got, perm, a.q_raw));
+  }
 
   {  // The DMA (or a loader) walking W [N, K] as if it were [K, N]: element (n, k) read at k*N + n.
     const std::vector<float> w = ctx.model.get(wq).to_f32();
@@ -298,8 +338,31 @@ std::vector<Hypothesis> attention_variant(PhaseContext& ctx, const Failure&) {
   else
     out.push_back(judge("scores scaled by (hidden / heads)^-0.5 instead of head_dim^-0.5", "attn-scale-hidden", got,
                         assemble(right, hidden_scale), correct));
-  out.push_back(judge("scores scaled by 1 / head_dim (no square root)", "attention scale without the square root", got,
+  out.push_back(judge("scores scaled by 1 / head_dim (no square root)", "attn-scale-no-sqrt", got,
                       assemble(right, 1.0 / double(hd)), correct));
+  if (nkv == 1)
+    out.push_back(not_applicable("every query head reads kv head 0", "gqa-head0", "one kv head: every head reads it"));
+  else
+    out.push_back(judge("every query head reads kv head 0 (the kv-head offset missing)", "gqa-head0", got,
+                        assemble([](int64_t) { return int64_t(0); }, s.attn_scale()), correct));
+  {  // "Mask coverage per row": row t sees keys [0, t) instead of [0, t]; row 0 sees none.
+    std::vector<float> masked(size_t(T * Q), std::numeric_limits<float>::quiet_NaN());
+    for (int64_t h = 0; h < nh; ++h)
+      for (int64_t r = 1; r < T; ++r) {
+        const int64_t g = right(h);
+        std::vector<float> qh(static_cast<size_t>(hd)), kg(static_cast<size_t>(r * hd)), vg(static_cast<size_t>(r * hd)),
+            o(static_cast<size_t>(hd));
+        std::copy_n(q.begin() + r * Q + h * hd, hd, qh.begin());
+        for (int64_t j = 0; j < r; ++j) {
+          std::copy_n(k.begin() + j * KV + g * hd, hd, kg.begin() + j * hd);
+          std::copy_n(v.begin() + j * KV + g * hd, hd, vg.begin() + j * hd);
+        }
+        oracle::attention(qh.data(), 1, r - 1, kg.data(), vg.data(), one, o.data(), 0);
+        std::copy(o.begin(), o.end(), masked.begin() + r * Q + h * hd);
+      }
+    out.push_back(judge("the causal mask hides each row's own position (the first row sees no key: NaN)",
+                        "mask-off-by-one", got, masked, correct));
+  }
   return out;
 }
 
@@ -353,7 +416,19 @@ std::vector<Hypothesis> kv_cache_state(PhaseContext& ctx, const Failure&) {
   Hypothesis h = judge("a decode step writes the previous step's row (stale buffer)", "stale-kv", last_read, prev_read,
                        last_written);
   h.evidence = "last decode row read back vs the row before it: " + h.evidence;
-  return {h};
+  if (s.n_layers < 2) return {h, not_applicable("layers share cache rows", "kv-layer-aliased", "one layer")};
+  // "Compare buffer keys": layer 0 written, then layer 1 with the negated rows; layer 0 read back.
+  std::vector<float> nk(k.begin(), k.begin() + T * KV), nv(v.begin(), v.begin() + T * KV);
+  for (float& x : nk) x = -x;
+  for (float& x : nv) x = -x;
+  t->op_kv_write(0, 0, k.data(), v.data(), T);
+  t->op_kv_write(1, 0, nk.data(), nv.data(), T);
+  t->kv_read(0, 0, T, kb.data(), vb.data());
+  t->reset();
+  Hypothesis alias = judge("layers share cache rows (layer 1's write lands in layer 0)", "kv-layer-aliased", kb, nk,
+                           std::vector<float>(k.begin(), k.begin() + T * KV));
+  alias.evidence = "layer 0 read back after layer 1 wrote the negated rows: " + alias.evidence;
+  return {h, alias};
 }
 
 // ---- S6: an operand that is not refreshed between calls ------------------------------------
@@ -375,6 +450,28 @@ std::vector<Hypothesis> stale_operand(PhaseContext& ctx, const Failure&) {
   Hypothesis h = judge("the second call computes on the first call's input (an input buffer not refreshed)", "stale-buffer",
                        second, stale, correct);
   return {h};
+}
+
+// ---- S9: the LM head ------------------------------------------------------------------------
+
+std::vector<Hypothesis> lm_head(PhaseContext& ctx, const Failure&) {
+  const ModelSpec& s = ctx.model.spec();
+  if (ctx.model.find("lm_head.weight"))
+    return {not_applicable("the head is not the tied embedding", "lm-head-untied",
+                           "the checkpoint has its own lm_head.weight (not tied)")};
+  const Acts a = layer0_acts(ctx);
+  std::unique_ptr<StagedRunner> t = ctx.fresh_target();
+  const std::vector<float>& x = a.probe.at("attn_norm");  // any normalized row will do
+  std::vector<float> got(static_cast<size_t>(s.vocab)), ref(static_cast<size_t>(s.vocab));
+  static const std::vector<float> none;
+  t->op_linear(Stage::LmHead, x.data(), 1, ctx.model.lm_head().name, none, got.data());
+  oracle::linear(x.data(), 1, ctx.model.lm_head(), nullptr, ref.data(), 0);
+  const double r = gates::compare(ref.data(), got.data(), 1, s.vocab).pearson;
+  // A head unrelated to the embedding gives logits uncorrelated with the tied product.
+  return {{"the head is not the tied embedding (another matrix)", "lm-head-untied", r < 0.1 ? "confirmed" : "ruled out",
+           fmt::format("checkpoint tensor list: no lm_head.weight (tied to model.embed_tokens.weight); Pearson of the "
+                       "target's logits with the tied product {:.3f} (unrelated below 0.1)",
+                       r)}};
 }
 
 // ---- S7: a refused mapping ------------------------------------------------------------------
@@ -491,6 +588,8 @@ const std::vector<DebugSkill>& debug_skills() {
       {"stale-operand", "a kernel right on its first call and wrong on a later call of the same shape",
        "input fifos marked resident, buffers reused across calls", {Stage::AttnNorm, Stage::MlpNorm}, nullptr,
        stale_operand},
+      {"lm-head", "the LM head's logits wrong (phase 1 lm_head row)", "which matrix the head reads; tie_word_embeddings",
+       {Stage::LmHead}, nullptr, lm_head},
       {"mapping-refused", "the target refused a mapping (npusim checker)", "the refusal's tile and numbers; the mapping's tiles",
        {}, [](const Failure& f) { return f.record.contains("details") && f.record["details"].contains("refused"); },
        refusal},

@@ -27,6 +27,23 @@ const std::vector<FaultInfo>& known_faults() {
       {"fused-qkv-swap", "qkv_proj", 2,
        "the fused q|k|v kernel writes the keys into v and the values into k (plans that fuse the projections; from "
        "cpu-naive, phase 4's gate catches the merge rewrite and reverts it)"},
+      // One more per porting-pitfalls.md row (the debug skills must name each).
+      {"qk-rows-permuted", "qkv_proj", 1,
+       "q and k come out with each head's rows in the GGUF llama order (pairs interleaved): a loader that forgot to "
+       "undo the permutation"},
+      {"rope-scaling-missing", "rope", 1, "llama3 RoPE frequency scaling not applied at all (prefill and decode)"},
+      {"qkv-bias-after-rope", "qkv_proj", 1, "the q and k biases (Qwen2) added after RoPE instead of in the projection"},
+      {"qk-norm-whole-projection", "rope", 1,
+       "Qwen3's q/k RMSNorm taken over each token's whole projection instead of per head"},
+      {"attn-scale-no-sqrt", "attention", 1, "attention scores scaled by 1 / head_dim instead of head_dim ** -0.5"},
+      {"gqa-head0", "attention", 1, "every query head reads kv head 0 (the kv-head offset missing)"},
+      {"lm-head-untied", "lm_head", 1,
+       "a tied model's LM head taken as a freshly initialised matrix instead of the embedding"},
+      {"mask-off-by-one", "attention", 1,
+       "the causal mask hides each row's own position: the first row has no key left (0/0, NaN)"},
+      {"kv-layer-aliased", "kv_write", 5,
+       "every layer's keys and values stored in (and read from) layer 0's cache rows: prefill reads back what it "
+       "just wrote, decode reads another layer's keys"},
   };
   static const std::vector<FaultInfo> all = [] {
     std::vector<FaultInfo> v = faults;

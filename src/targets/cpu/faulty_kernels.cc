@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "util/half.h"
@@ -37,9 +38,10 @@ void matmul_bf16_accumulate(const float* x, int64_t T, const Bf16Matrix& w, cons
   });
 }
 
-void attention_gqa_modulo(const float* q, int64_t T, int64_t pos0, const KvCache& cache, int64_t layer,
-                          int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out) {
-  const int64_t kv_dim = cache.kv_dim(), ctx = pos0 + T;
+void attention_with_mistakes(const float* q, int64_t T, int64_t pos0, const KvCache& cache, int64_t layer,
+                             int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out,
+                             const AttentionMistakes& m) {
+  const int64_t kv_dim = cache.kv_dim(), ctx = pos0 + T, group = n_heads / n_kv_heads;
   std::vector<float> K(static_cast<size_t>(ctx * kv_dim)), V(static_cast<size_t>(ctx * kv_dim)), p(static_cast<size_t>(ctx));
   for (int64_t j = 0; j < ctx; ++j) {
     cache.read_k(layer, j, K.data() + j * kv_dim);
@@ -47,23 +49,48 @@ void attention_gqa_modulo(const float* q, int64_t T, int64_t pos0, const KvCache
   }
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < n_heads; ++h) {
-      const int64_t kvh = h % n_kv_heads;  // the fault: should be h / (n_heads / n_kv_heads)
+      const int64_t kvh = m.kv_head == AttentionMistakes::KvHead::Modulo ? h % n_kv_heads
+                          : m.kv_head == AttentionMistakes::KvHead::Zero ? 0
+                                                                         : h / group;
       const float* qv = q + (t * n_heads + h) * head_dim;
-      const int64_t last = pos0 + t;
+      const int64_t end = pos0 + t + (m.mask_excludes_diagonal ? 0 : 1);  // keys [0, end)
       float mx = -INFINITY;
-      for (int64_t j = 0; j <= last; ++j) {
+      for (int64_t j = 0; j < end; ++j) {
         float s = 0;
         for (int64_t d = 0; d < head_dim; ++d) s += qv[d] * K[size_t(j * kv_dim + kvh * head_dim + d)];
         p[size_t(j)] = s * scale;
         mx = std::max(mx, p[size_t(j)]);
       }
       double sum = 0;
-      for (int64_t j = 0; j <= last; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
+      for (int64_t j = 0; j < end; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
       float* o = out + (t * n_heads + h) * head_dim;
+      if (end == 0) {  // every key masked: the softmax is 0/0
+        std::fill(o, o + head_dim, std::numeric_limits<float>::quiet_NaN());
+        continue;
+      }
       std::fill(o, o + head_dim, 0.0f);
-      for (int64_t j = 0; j <= last; ++j)
+      for (int64_t j = 0; j < end; ++j)
         for (int64_t d = 0; d < head_dim; ++d) o[d] += float(p[size_t(j)] / sum) * V[size_t(j * kv_dim + kvh * head_dim + d)];
     }
+}
+
+void matmul_random_weights(const float* x, int64_t T, int64_t N, int64_t K, float* y, ThreadPool& pool) {
+  // A hashed uniform in [-a, a] with a = 0.02 * sqrt(3) (std 0.02), the same every call.
+  auto weight = [](int64_t n, int64_t k) {
+    uint64_t z = uint64_t(n) * 0x9E3779B97F4A7C15ull ^ (uint64_t(k) + 0x632BE59BD9B4E019ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return float((double(z >> 11) / double(1ull << 53) * 2 - 1) * 0.0346410161513775);
+  };
+  pool.parallel_for(N, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t t = 0; t < T; ++t) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; ++k) acc += double(x[t * K + k]) * weight(n, k);
+        y[t * N + n] = float(acc);
+      }
+  });
 }
 
 }  // namespace tessera::cpu::faulty

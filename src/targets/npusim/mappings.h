@@ -38,7 +38,8 @@ struct MappingFaults {
   bool stale_buffer = false;        // stale-buffer: the per-call input fifo is marked resident
   bool l1_overflow = false;         // l1-overflow: the streamed tile is enlarged past L1 (no fit)
   bool bd_exhaustion = false;       // bd-exhaustion: the main transfer is cut into one BD per run
-  bool any() const { return transposed_pattern || stale_buffer || l1_overflow || bd_exhaustion; }
+  bool dma_oversubscribed = false;  // dma-channels: the input is sent twice through column 0's shim
+  bool any() const { return transposed_pattern || stale_buffer || l1_overflow || bd_exhaustion || dma_oversubscribed; }
   std::string key() const;  // "" or "T", "S", "O", "B" letters, for cache keys and names
 };
 
@@ -231,6 +232,9 @@ std::vector<FifoEnd> all_ends(const Herd& h, const Device& d);                  
 // Applies the generic faults to `f` (the launch's main per-call input): stale_buffer marks
 // it resident; bd_exhaustion cuts its transfer into more BDs than its shim holds.
 void apply_fifo_faults(ObjectFifo& f, const MappingFaults& faults, const Device& d);
+// The dma-channels fault: the first fill fifo of `tensor` duplicated under another name, so
+// that its shim tile needs one more MM2S channel than it has (the checker refuses it).
+void oversubscribe_dma(Launch& l, const std::string& tensor);
 int64_t largest_divisor_at_most(int64_t n, int64_t cap);
 // Array casts (round-to-nearest-even down), local so the kernel set does not depend on
 // numerics.h's array helper names.

@@ -18,6 +18,7 @@ std::string MappingFaults::key() const {
   if (stale_buffer) k += 'S';
   if (l1_overflow) k += 'O';
   if (bd_exhaustion) k += 'B';
+  if (dma_oversubscribed) k += 'D';
   return k;
 }
 
@@ -156,6 +157,16 @@ std::vector<AccessPattern> explode(std::vector<AccessPattern> ps, int64_t want, 
 }
 
 }  // namespace
+
+void oversubscribe_dma(Launch& l, const std::string& tensor) {
+  for (const ObjectFifo& f : l.fifos)
+    if (f.tensor == tensor && f.dir == FifoDir::Fill) {
+      ObjectFifo twin = f;
+      twin.name += "_again";
+      l.fifos.push_back(std::move(twin));
+      return;
+    }
+}
 
 void apply_fifo_faults(ObjectFifo& f, const MappingFaults& faults, const Device& d) {
   if (faults.stale_buffer) f.resident = true;

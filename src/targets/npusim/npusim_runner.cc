@@ -34,6 +34,8 @@ const std::vector<FaultInfo>& npusim_faults() {
        "the projection's weight is walked transposed by the DMA (a wrong n-D access pattern): wrong numbers"},
       {"stale-buffer", "mlp_norm", 1,
        "the norm's input fifo is marked resident, so later calls compute on the first call's activations"},
+      {"dma-channels", "qkv_proj", 1,
+       "the projection's input is sent twice through column 0's shim tile: one more MM2S channel than the tile has"},
   };
   static const std::vector<FaultInfo> all = [] {
     std::vector<FaultInfo> v = faults;
@@ -99,6 +101,7 @@ NpuSimRunner::NpuSimRunner(const Model& model, const TargetOptions& options)
   f.l1_overflow = fault("l1-overflow");
   f.bd_exhaustion = fault("bd-exhaustion");
   f.transposed_pattern = fault("bad-access-pattern");
+  f.dma_oversubscribed = fault("dma-channels");
   if (f.any()) ops_->set_faults("gemv", f), ops_->set_faults("gemm", f);
   if (fault("stale-buffer")) {
     npusim::MappingFaults stale;

@@ -86,7 +86,9 @@ void NpuOps::gemv(const uint16_t* w, int64_t N, int64_t K, const float* x, const
                              o.name = name;
                              o.resident = resident;
                              o.faults = f;
-                             return gemv_launch(s, t, device(), o);
+                             Launch g = gemv_launch(s, t, device(), o);
+                             if (f.dma_oversubscribed) detail::oversubscribe_dma(g, o.x);
+                             return g;
                            });
   uint16_t* xb = bf16_scratch(0, x, K);
   run(l, {{"W", bf16_in(w, N * K)}, {"X", bf16_in(xb, K)}, {"Y", DdrTensor::f32(y, N)}});
@@ -107,6 +109,7 @@ void NpuOps::gemm(const uint16_t* w, int64_t N, int64_t K, const float* x, int64
     Launch g = gemm_launch(p.shape, p.tiles, p.herd, device(), o);
     for (auto& fi : g.fifos)
       if (fi.tensor == o.a) detail::apply_fifo_faults(fi, f, device());
+    if (f.dma_oversubscribed) detail::oversubscribe_dma(g, o.a);
     return g;
   });
   uint16_t* xb = bf16_scratch(0, nullptr, Mp * K);
