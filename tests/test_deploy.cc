@@ -47,12 +47,7 @@ TEST_P(DeployTiny, EveryGatePasses) {
                         "report.json", "gates.md", "issues.md", "manifest.json"})
     EXPECT_TRUE(fs::exists(out.path() / "dep" / f)) << f;
   // Phase 7: the independent evaluator passes the untouched deployment.
-  AuditOptions ao;
-  ao.dir = out.str("dep");
-  ao.quiet = true;
-  ao.remeasure_wall_time = false;  // ctest runs two tests at once: wall times are not reproducible here
-  const AuditResult audit = audit_deployment(ao);
-  EXPECT_EQ(audit.verdict(), "PASS") << audit.to_json().dump(1);
+  testing_support::expect_audit_passes(out.str("dep"));
 }
 
 std::vector<std::string> tiny_presets() {

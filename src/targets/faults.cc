@@ -45,12 +45,14 @@ const std::vector<FaultInfo>& known_faults() {
        "every layer's keys and values stored in (and read from) layer 0's cache rows: prefill reads back what it "
        "just wrote, decode reads another layer's keys"},
   };
-  static const std::vector<FaultInfo> all = [] {
-    std::vector<FaultInfo> v = faults;
-    for (const FaultInfo& f : evaluator_faults()) v.push_back(f);
-    return v;
-  }();
+  static const std::vector<FaultInfo> all = with_evaluator_faults(faults);
   return all;
+}
+
+std::vector<FaultInfo> with_evaluator_faults(std::vector<FaultInfo> faults) {
+  const std::vector<FaultInfo>& e = evaluator_faults();
+  faults.insert(faults.end(), e.begin(), e.end());
+  return faults;
 }
 
 const std::vector<FaultInfo>& evaluator_faults() {

@@ -69,6 +69,8 @@ const FaultInfo& fault_info(const std::string& name);
 // Faults every target takes that only the evaluator (phase 7, `tessera audit`) can catch:
 // "oracle-fallback" and "nondeterministic" (first_phase 7).
 const std::vector<FaultInfo>& evaluator_faults();
+// A target's own faults followed by the evaluator's (what each target's list is).
+std::vector<FaultInfo> with_evaluator_faults(std::vector<FaultInfo> faults);
 using FaultSet = std::set<std::string>;
 
 }  // namespace tessera
