@@ -351,7 +351,8 @@ TEST(GatesThresholds, TableHoldsExactlyTheAgreedKeys) {
       {"phase3.cliff_max", 0.05},            {"phase3.logits_cosine_min", 0.99},
       {"phase3.decisive_prob", 0.5},         {"phase3.topk", 5},
       {"phase6.tokens", 32},                 {"phase6.prompts_min", 2},
-      {"phase6.topk", 5}};
+      {"phase6.topk", 5},                    {"diagnose.match_nmse_max", 1e-4},
+      {"diagnose.separation_min", 10}};
   const auto& t = thresholds();
   EXPECT_EQ(t.size(), expected.size());
   for (const auto& [key, value] : expected) {
