@@ -111,6 +111,9 @@ TEST(Optimize, NpusimFromNaiveReachesAFasterPlan) {
   EXPECT_TRUE(has_step(p4, "zero-copy", "kept"));
   EXPECT_TRUE(has_step(p5, "merge", "kept"));
   EXPECT_TRUE(has_step(p5, "zero-copy", "skipped")) << "phase 4 mapped the buffers already";
+  // The prediction comes first on npusim: a rewrite it does not make faster skips the gate.
+  for (const auto& st : read_json_file(dep / "phase4.json")["details"]["steps"])
+    if (st.value("result", "") == "reverted: not faster") EXPECT_EQ(st.value("gate", ""), "not run") << st.dump();
   const nlohmann::json d4 = read_json_file(dep / "phase4.json")["details"], d5 = read_json_file(dep / "phase5.json")["details"];
   EXPECT_LT(d4["final_s"].get<double>(), d4["start_s"].get<double>());
   EXPECT_LT(d5["final_s"].get<double>(), d5["start_s"].get<double>());

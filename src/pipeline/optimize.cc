@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "pipeline/phases.h"
@@ -89,7 +90,8 @@ std::string cell(std::string s) {
 void write_perf_trajectory(Deployment& dep) {
   std::string md = "# Optimization trajectory\n\nEvery plan rewrite phases 4 and 5 tried: the skill, the figure before "
                    "and after, the phase-3 gate on the rewritten plan, and whether it was kept (gate passed and "
-                   "strictly faster) or reverted.\n";
+                   "strictly faster) or reverted. On a modelled target (npusim) the prediction comes first, and a "
+                   "rewrite it does not make faster is reverted without the gate (\"not run\").\n";
   for (int id : {4, 5}) {
     const fs::path f = dep.file(fmt::format("phase{}.json", id));
     if (!fs::exists(f)) continue;
@@ -158,8 +160,29 @@ PhaseOutcome optimize_pass(PhaseContext& ctx, Pass pass, int phase_id) {
       nlohmann::json step = {{"skill", skill.name}, {"what", rw.what}};
       std::unique_ptr<StagedRunner> cand;
       Gated g;
+      std::optional<Comparison> early;
       try {
         cand = ctx.make_runner(rw.plan);
+        // A modelled target's figure costs nothing and decides alone: a rewrite it does not
+        // make faster is reverted without running the gate. (A measured target is gated
+        // first: its wall time could call a broken rewrite slower by noise, and the gate
+        // must still see it.)
+        if (start.predicted) {
+          early = compare(*cur, *cand, pass);
+          if (!early->keep) {
+            step["gate"] = "not run";
+            step["before_s"] = early->before.seconds;
+            step["after_s"] = early->after.seconds;
+            step["other_pass_before_s"] = early->other_before;
+            step["other_pass_after_s"] = early->other_after;
+            step["result"] = early->after.seconds >= early->before.seconds
+                                 ? "reverted: not faster"
+                                 : fmt::format("reverted: slows the other pass ({} -> {})", ms(early->other_before),
+                                               ms(early->other_after));
+            steps.push_back(step);
+            continue;
+          }
+        }
         g = model_gate(ctx, *cand, pass);
       } catch (const Error& e) {
         const std::string what = e.what();
@@ -174,7 +197,7 @@ PhaseOutcome optimize_pass(PhaseContext& ctx, Pass pass, int phase_id) {
         steps.push_back(step);
         continue;
       }
-      const Comparison c = compare(*cur, *cand, pass);
+      const Comparison c = early ? *early : compare(*cur, *cand, pass);
       step["before_s"] = c.before.seconds;
       step["after_s"] = c.after.seconds;
       if (c.before.predicted) {
