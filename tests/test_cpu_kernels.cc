@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "util/error.h"
 #include "io/weights.h"
 #include "model/spec.h"
 #include "oracle/ops.h"
@@ -135,6 +136,32 @@ TEST(CpuKernels, MatmulMatchesOracle) {
       }
     }
   });
+}
+
+// Every cache blocking tile-tune may choose computes the same product (within the packed
+// path's rounding), including panels wider than K, K not a multiple of the panel, and token
+// blocks smaller than T; a blocking the kernel cannot run is refused.
+TEST(CpuKernels, MatmulAnyCacheBlockingMatchesOracle) {
+  ThreadPool pool(2);
+  const int64_t T = 70, N = 80, K = 1100;
+  const auto wdata = randn_bf16(size_t(N * K), 5, 0.05f);
+  const auto x = randn(size_t(T * K), 6);
+  const Weight w = bf16_weight(wdata, N, K);
+  std::vector<float> ref(size_t(T * N));
+  oracle::linear(x.data(), T, w, nullptr, ref.data(), 1);
+  for_each_isa([&](const std::string& isa) {
+    for (const cpu::GemmBlocking b : {cpu::GemmBlocking{128, 512}, cpu::GemmBlocking{512, 16}, cpu::GemmBlocking{2048, 64},
+                                      cpu::GemmBlocking{32, 7}}) {
+      SCOPED_TRACE(isa + " kc=" + std::to_string(b.kc) + " tc=" + std::to_string(b.tc));
+      std::vector<float> got(size_t(T * N), -1.0f);
+      cpu::matmul(x.data(), T, Bf16Matrix{wdata.data(), N, K}, nullptr, got.data(), pool, b);
+      const Stats st = compare(got.data(), ref.data(), got.size());
+      EXPECT_LE(st.nmse, isa == "avx512bf16" ? 2e-5 : 1e-10);
+    }
+  });
+  std::vector<float> y(size_t(T * N));
+  EXPECT_THROW(cpu::matmul(x.data(), T, Bf16Matrix{wdata.data(), N, K}, nullptr, y.data(), pool, {100, 512}), tessera::Error);
+  EXPECT_THROW(cpu::matmul(x.data(), T, Bf16Matrix{wdata.data(), N, K}, nullptr, y.data(), pool, {128, 0}), tessera::Error);
 }
 
 TEST(CpuKernels, MatmulSingleThreadAndManyThreadsAgree) {

@@ -47,12 +47,48 @@ void fusion_from_plan(const nlohmann::json& plan, CpuOptions& o) {
     return;
   }
   try {
-    const nlohmann::json& f = plan.at("cpu").at("kernels").at("fused_linears");
+    const nlohmann::json& k = plan.at("cpu").at("kernels");
+    const nlohmann::json& f = k.at("fused_linears");
     o.fused_prefill = f.at("prefill").get<bool>();
     o.fused_decode = f.at("decode").get<bool>();
+    // Plans written before tile-tune have no blocking: the kernel's defaults.
+    if (k.contains("gemm_blocking")) {
+      o.blocking.kc = k["gemm_blocking"].at("kc").get<int64_t>();
+      o.blocking.tc = k["gemm_blocking"].at("tc").get<int64_t>();
+      if (o.blocking.kc < 32 || o.blocking.kc % 32 || o.blocking.tc < 1)
+        fail("cpu plan: GEMM blocking kc {} must be a positive multiple of 32 and tc {} positive", o.blocking.kc,
+             o.blocking.tc);
+    }
   } catch (const nlohmann::json::exception& e) {
     fail("cpu plan: no kernel fusion recorded (cpu.kernels.fused_linears: {})", e.what());
   }
+}
+
+// tile-tune on the cpu: a cache-blocking search for the prefill GEMM, one candidate per
+// rewrite, each kept only if measured faster (phase 4 alternates current and candidate).
+// The K panel is what the L1 holds; the token block what the L2 holds.
+std::vector<PlanRewrite> propose_tile_tune(const nlohmann::json& plan, Pass pass, std::string& why_not) {
+  if (pass == Pass::Decode) {
+    why_not = "decode runs GEMVs, one weight row at a time: no cache blocking to search";
+    return {};
+  }
+  if (cpu::isa() != "avx512bf16") {
+    why_not = fmt::format("the {} GEMM has no cache blocking to tune (the AVX-512 BF16 path has)", cpu::isa());
+    return {};
+  }
+  CpuOptions o;
+  fusion_from_plan(plan, o);
+  std::vector<PlanRewrite> out;
+  // Each candidate is named by itself (not by the current choice), so that after a kept one
+  // the others are not tried again on timing noise.
+  for (const int64_t kc : {128, 256, 512, 1024}) {
+    if (kc == o.blocking.kc) continue;
+    nlohmann::json next = plan;
+    next["cpu"]["kernels"]["gemm_blocking"] = {{"kc", kc}, {"tc", o.blocking.tc}};
+    out.push_back({fmt::format("prefill GEMM panels of {} K, {} token rows per block", kc, o.blocking.tc), next});
+  }
+  if (out.empty()) why_not = "no other blocking to try";
+  return out;
 }
 
 // merge on the cpu: the linears of a stage that share their input (q|k|v, gate|up) run as
@@ -105,6 +141,8 @@ TargetDef cpu_target_def() {
   d.skills = []() -> const std::vector<OptSkill>& {
     static const std::vector<OptSkill> skills = {
         {"merge", "run the linears that share an input (q|k|v, gate|up) as one kernel", propose_merge},
+        {"tile-tune", "search the prefill GEMM's cache blocking (K per L1 panel), keep the fastest measured",
+         propose_tile_tune},
     };
     return skills;
   };
@@ -138,7 +176,9 @@ nlohmann::json CpuRunner::build_plan(const Model& model) const {
   plan["model"] = {{"path", model.path()}, {"format", model.format()}, {"arch", arch_name(s.arch)}, {"spec", s.to_json()}};
   plan["cpu"] = {{"isa", cpu::isa()},
                  {"threads", threads()},
-                 {"kernels", {{"fused_linears", {{"prefill", options_.fused_prefill}, {"decode", options_.fused_decode}}}}}};
+                 {"kernels",
+                  {{"fused_linears", {{"prefill", options_.fused_prefill}, {"decode", options_.fused_decode}}},
+                   {"gemm_blocking", {{"kc", options_.blocking.kc}, {"tc", options_.blocking.tc}}}}}};
   plan["weights"] = {{"dtype", "bf16"},
                      {"mapped_bytes", mapped_weight_bytes()},
                      {"converted_bytes", owned_weight_bytes()},
@@ -198,7 +238,7 @@ void CpuRunner::kernel_linear(Stage s, const float* x, int64_t T, const std::str
     return;
   }
   if (fault("bf16-accumulate")) cpu::faulty::matmul_bf16_accumulate(x, T, w, bias, y, *pool_);
-  else cpu::matmul(x, T, w, bias, y, *pool_);
+  else cpu::matmul(x, T, w, bias, y, *pool_, options_.blocking);
   if (s == Stage::QkvProj && fault("qk-rows-permuted") && is_q_or_k(weight)) {
     // Each head's rows in the GGUF llama order (pairs interleaved) because the loader
     // forgot to undo that permutation: output (half, i) lands at 2i + half.
@@ -227,7 +267,7 @@ void CpuRunner::kernel_linears(Stage s, const float* x, int64_t T, std::span<con
   for (size_t i = 0; i < outs.size(); ++i) mm[i] = {&matrix(outs[i].weight), outs[i].bias, outs[i].y};
   // fused-qkv-swap: the fused kernel's k and v outputs trade places.
   if (s == Stage::QkvProj && outs.size() == 3 && fault("fused-qkv-swap")) std::swap(mm[1].y, mm[2].y);
-  cpu::matmul_shared_input(x, T, std::span(mm.data(), outs.size()), *pool_);
+  cpu::matmul_shared_input(x, T, std::span(mm.data(), outs.size()), *pool_, options_.blocking);
 }
 
 PassFigure CpuRunner::measure(Pass pass) {

@@ -31,6 +31,7 @@ struct CpuOptions {
   int threads = 0;                 // 0: default_threads()
   bool fused_prefill = true;       // the merge: shared-input linears as one kernel, per pass
   bool fused_decode = true;
+  cpu::GemmBlocking blocking;      // the prefill GEMM's cache blocking (tile-tune)
   FaultSet faults;                 // --inject
   std::set<Stage> oracle_stages;   // stages run by the oracle's kernel instead (bisect)
   bool profile = false;            // accumulate wall time per stage (stage_seconds)

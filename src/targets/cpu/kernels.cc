@@ -85,7 +85,10 @@ void set_isa(const std::string& name) {
 }
 
 // ---------------------------------------------------------------- element-wise kernels
-void matmul(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool) {
+void matmul(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool,
+            const GemmBlocking& blocking) {
+  if (blocking.kc < 32 || blocking.kc % 32 || blocking.tc < 1)
+    fail("matmul: cache blocking kc {} (a positive multiple of 32) and tc {} (positive)", blocking.kc, blocking.tc);
   if (T <= 0 || w.rows <= 0) return;
   if (w.cols <= 0) {
     for (int64_t t = 0; t < T; ++t)
@@ -93,20 +96,21 @@ void matmul(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, f
     return;
   }
   if (use_avx512bf16())
-    matmul_avx512bf16(x, T, w, bias, y, pool);
+    matmul_avx512bf16(x, T, w, bias, y, pool, blocking);
   else
     matmul_hwy(x, T, w, bias, y, pool);
 }
 
-void matmul_shared_input(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool) {
+void matmul_shared_input(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool,
+                         const GemmBlocking& blocking) {
   const int64_t K = outs.empty() ? 0 : outs[0].w->cols;
   for (const MatmulOut& o : outs)
     if (o.w->cols != K) fail("matmul_shared_input: matrices of {} and {} columns share one input", K, o.w->cols);
   if (T <= 0 || K <= 0 || !use_avx512bf16()) {
-    for (const MatmulOut& o : outs) matmul(x, T, *o.w, o.bias, o.y, pool);
+    for (const MatmulOut& o : outs) matmul(x, T, *o.w, o.bias, o.y, pool, blocking);
     return;
   }
-  matmul_avx512bf16(x, T, outs, pool);
+  matmul_avx512bf16(x, T, outs, pool, blocking);
 }
 
 void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) {

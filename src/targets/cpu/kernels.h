@@ -50,8 +50,17 @@ class ThreadPool {
 // A row-major BF16 matrix [rows, cols] (a Linear weight is [out_features, in_features]).
 using Bf16Matrix = ::tessera::Bf16Matrix;  // targets/bf16_weights.h
 
+// The prefill GEMM's cache blocking (the AVX-512 BF16 packed path; others ignore it): K per
+// packed weight panel (kept in L1, a multiple of 32) and token rows per block (activations
+// and the scratch tile kept in L2). A plan's tile-tune chooses them per machine.
+struct GemmBlocking {
+  int64_t kc = 256;
+  int64_t tc = 512;
+};
+
 // y[T, N] = x[T, K] . W[N, K]^T (+ bias[N]); T == 1 is the decode GEMV.
-void matmul(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool);
+void matmul(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool,
+            const GemmBlocking& blocking = {});
 
 // One output of matmuls that share their input: y[T, w.rows] = x . w^T (+ bias).
 struct MatmulOut {
@@ -63,7 +72,8 @@ struct MatmulOut {
 // rounded once, and a decode GEMV spreads all the matrices' rows over one parallel region, so
 // the step pays one barrier per group instead of one per matrix (on the AVX-512 BF16 path;
 // elsewhere, one matmul after another).
-void matmul_shared_input(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool);
+void matmul_shared_input(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool,
+                         const GemmBlocking& blocking = {});
 
 // out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w for `rows` rows of n (in place allowed).
 void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps);

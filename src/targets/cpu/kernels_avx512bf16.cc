@@ -247,7 +247,7 @@ void gemm_range(const uint16_t* xb, int64_t Kp, int64_t T, const Bf16Matrix& w, 
 // into output lanes: no horizontal reductions, and partial sums across K blocks are plain
 // vector adds on y.
 constexpr int kPackRows = 64;  // rows per packed panel (NB <= 4 groups of 16)
-constexpr int64_t kPackKc = 256;  // K per packed panel (multiple of 32)
+// K per packed panel and tokens per block: GemmBlocking (kc, default 256; tc, default 512).
 constexpr int kPMR = 6;           // token rows per micro-kernel
 constexpr int64_t kPackedMinT = 16;  // below: the dot-product tiles (no packing)
 
@@ -346,12 +346,13 @@ TS_BF16 void store_scratch(const float* c, int64_t rows, int cols, float* y, int
 }
 
 void gemm_packed_range(const uint16_t* xb, int64_t xs, int64_t T, const Bf16Matrix& w, const float* bias, float* y,
-                       int64_t n0, int64_t n1) {
+                       int64_t n0, int64_t n1, const GemmBlocking& blk) {
   const int64_t K = w.cols, N = w.rows;
-  constexpr int64_t Tc = 512;  // activations [Tc, Kc] and the scratch tile [Tc, 64] stay in L2
+  const int64_t Kc = blk.kc;  // K per packed panel (a multiple of 32): the panel stays in L1
+  const int64_t Tc = blk.tc;       // activations [Tc, Kc] and the scratch tile [Tc, 64] stay in L2
   thread_local std::vector<uint32_t, AlignedAlloc<uint32_t>> pbuf;
   thread_local std::vector<float, AlignedAlloc<float>> cbuf;
-  if (pbuf.size() < size_t(kPackRows * kPackKc / 2)) pbuf.resize(size_t(kPackRows * kPackKc / 2));
+  if (pbuf.size() < size_t(kPackRows * Kc / 2)) pbuf.resize(size_t(kPackRows * Kc / 2));
   if (cbuf.size() < size_t(Tc * kPackRows)) cbuf.resize(size_t(Tc * kPackRows));
   uint32_t* P = pbuf.data();
   float* C = cbuf.data();
@@ -360,20 +361,20 @@ void gemm_packed_range(const uint16_t* xb, int64_t xs, int64_t T, const Bf16Matr
     for (int64_t nb = n0; nb < n1; nb += kPackRows) {
       const int rows = int(std::min<int64_t>(kPackRows, n1 - nb));
       const int groups = (rows + 15) / 16;
-      for (int64_t k0 = 0; k0 < K; k0 += kPackKc) {
-        const int64_t kc = std::min(kPackKc, K - k0);
+      for (int64_t k0 = 0; k0 < K; k0 += Kc) {
+        const int64_t kc = std::min(Kc, K - k0);
         const int64_t kc2 = (kc + 31) / 32 * 16;
         pack_panel(w.data + nb * K + k0, K, rows, kc, P);
         const bool first = k0 == 0;
         // The next panel's weights come from DRAM: prefetch them (into L2) a slice per
         // micro-kernel call so they arrive while this panel computes.
-        int64_t pn = nb, pk = k0 + kPackKc;
+        int64_t pn = nb, pk = k0 + Kc;
         if (pk >= K) {
           pn = nb + kPackRows;
           pk = 0;
         }
         const int prow = pn < n1 ? int(std::min<int64_t>(kPackRows, n1 - pn)) : 0;
-        const int64_t lpr = (std::min(kPackKc, K - pk) * 2 + 63) / 64;  // lines per row
+        const int64_t lpr = (std::min(Kc, K - pk) * 2 + 63) / 64;  // lines per row
         const int64_t plines = prow * lpr;
         const int64_t tiles = (t1 - t0 + kPMR - 1) / kPMR;
         const char* pbase = reinterpret_cast<const char*>(w.data + pn * K + pk);
@@ -393,12 +394,13 @@ void gemm_packed_range(const uint16_t* xb, int64_t xs, int64_t T, const Bf16Matr
 }  // namespace
 
 void matmul_avx512bf16(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y,
-                       ThreadPool& pool) {
+                       ThreadPool& pool, const GemmBlocking& blocking) {
   const MatmulOut out{&w, bias, y};
-  matmul_avx512bf16(x, T, std::span<const MatmulOut>(&out, 1), pool);
+  matmul_avx512bf16(x, T, std::span<const MatmulOut>(&out, 1), pool, blocking);
 }
 
-void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool) {
+void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool,
+                       const GemmBlocking& blocking) {
   if (outs.empty()) return;
   const int64_t K = outs[0].w->cols;
   // Row stride of the bf16 activations: K padded to 32, plus 32 so that rows are not a power
@@ -417,7 +419,7 @@ void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> out
     // serves faster takes more, so neither waits at the barrier for the other.
     std::array<int64_t, 9> first{};  // first[i]: the first block of outs[i]
     if (outs.size() + 1 > first.size()) {
-      for (const MatmulOut& o : outs) matmul_avx512bf16(x, T, *o.w, o.bias, o.y, pool);
+      for (const MatmulOut& o : outs) matmul_avx512bf16(x, T, *o.w, o.bias, o.y, pool, blocking);
       return;
     }
     for (size_t i = 0; i < outs.size(); ++i) first[i + 1] = first[i] + (outs[i].w->rows + 15) / 16;
@@ -443,7 +445,7 @@ void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> out
     if (T >= kPackedMinT) {
       const int64_t units = (N + 15) / 16;  // threads split N in groups of 16 rows
       pool.parallel_for(units, [&](int64_t b, int64_t e) {
-        gemm_packed_range(xb, Kp, T, w, o.bias, o.y, b * 16, std::min(N, e * 16));
+        gemm_packed_range(xb, Kp, T, w, o.bias, o.y, b * 16, std::min(N, e * 16), blocking);
       });
     } else {
       const int64_t panels = (N + kNR - 1) / kNR;

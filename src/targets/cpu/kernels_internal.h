@@ -35,10 +35,11 @@ bool cpu_has_avx512bf16();
 
 // Hand-written AVX-512 BF16 matmul (kernels_avx512bf16.cc).
 void matmul_avx512bf16(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y,
-                       ThreadPool& pool);
+                       ThreadPool& pool, const GemmBlocking& blocking = {});
 // The same for matrices sharing x (all of x's K columns, K > 0): x is rounded once; at T == 1
 // one parallel region covers every matrix's rows.
-void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool);
+void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool,
+                       const GemmBlocking& blocking = {});
 
 // Highway-dispatched kernels (kernels_hwy.cc); they run on the currently chosen target.
 void matmul_hwy(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool);
