@@ -178,7 +178,12 @@ TEST_P(NpusimFault, CaughtByItsPhase) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, NpusimFault,
+#ifdef TESSERA_SANITIZED
+                         // Under ASan/UBSan: one refusal, one wrong-numbers fault (CI time).
+                         ::testing::Values("l1-overflow", "stale-buffer"),
+#else
                          ::testing::Values("l1-overflow", "bd-exhaustion", "bad-access-pattern", "stale-buffer", "dma-channels"),
+#endif
                          param_name);
 
 // ---- predictions: the model orders the plans as the reference deployment measured them
