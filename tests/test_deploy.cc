@@ -52,9 +52,9 @@ TEST_P(DeployTiny, EveryGatePasses) {
 
 std::vector<std::string> tiny_presets() {
 #ifdef TESSERA_SANITIZED
-  // Under ASan/UBSan (several times slower) a few presets; qwen2 is deployed by the
-  // drop-qkv-bias fault case. The Release run deploys all eleven.
-  return {"Llama-3.2-1B", "SmolLM2-360M", "Qwen3-1.7B"};  // qwen2: the drop-qkv-bias case
+  // Under ASan/UBSan (several times slower) one preset, deployed and audited (CI time);
+  // the Release run deploys and audits all eleven.
+  return {"SmolLM2-360M"};  // every stage's kernel and the audit once; the families in Release
 #else
   std::vector<std::string> names;
   for (const Preset& p : presets()) names.push_back(p.name);
@@ -296,6 +296,9 @@ TEST(Deploy, KilledInPhase3ResumesWithoutLosingWork) {
 }
 
 TEST(Deploy, FromPhaseRerunsThatPhaseAndLater) {
+#ifdef TESSERA_SANITIZED
+  GTEST_SKIP() << "pipeline bookkeeping on whole deploys: the Release run's (CI time)";
+#endif
   ScratchDir out("from");
   const std::string model = tiny_model("SmolLM2-360M");
   ASSERT_TRUE(deploy(deploy_options(model, out.str("dep"))).pass);
@@ -311,6 +314,9 @@ TEST(Deploy, FromPhaseRerunsThatPhaseAndLater) {
 // ---- a deployment is bound to its model and its frozen plan
 
 TEST(Deploy, RunRefusesAnEditedPlan) {
+#ifdef TESSERA_SANITIZED
+  GTEST_SKIP() << "pipeline bookkeeping on whole deploys: the Release run's (CI time)";
+#endif
   ScratchDir out("edited");
   const std::string model = tiny_model("SmolLM2-360M");
   ASSERT_TRUE(deploy(deploy_options(model, out.str("dep"))).pass);
@@ -324,6 +330,9 @@ TEST(Deploy, RunRefusesAnEditedPlan) {
 }
 
 TEST(Deploy, RefusesADirectoryOfAnotherDeployment) {
+#ifdef TESSERA_SANITIZED
+  GTEST_SKIP() << "pipeline bookkeeping on whole deploys: the Release run's (CI time)";
+#endif
   ScratchDir out("other");
   ASSERT_TRUE(deploy(deploy_options(tiny_model("SmolLM2-360M"), out.str("dep"))).pass);
   EXPECT_THROW(deploy(deploy_options(tiny_model("Qwen3-0.6B"), out.str("dep"))), Error);

@@ -61,7 +61,10 @@ void f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = tessera::f32_to_bf16(in[i]);
 }
 
-float dot_bf16(const uint16_t* a, const uint16_t* b, int64_t n) {
+// Run-time dispatched clones (the default build targets baseline x86-64): the 32 lanes
+// vectorize as they are, so every clone adds in the same order and gives the same bits.
+__attribute__((target_clones("avx512f", "avx2", "default"))) float dot_bf16(const uint16_t* a, const uint16_t* b,
+                                                                             int64_t n) {
   constexpr int kLanes = 32;
   float acc[kLanes] = {};
   int64_t i = 0;
