@@ -78,6 +78,13 @@ Comparison compare(StagedRunner& cur, StagedRunner& cand, Pass pass) {
 
 std::string ms(double s) { return fmt::format("{:.3f} ms", s * 1e3); }
 
+// Why a gated-or-predicted rewrite was not kept.
+std::string not_kept(const Comparison& c) {
+  return c.after.seconds >= c.before.seconds
+             ? "reverted: not faster"
+             : fmt::format("reverted: slows the other pass ({} -> {})", ms(c.other_before), ms(c.other_after));
+}
+
 // A Markdown table cell: pipes escaped ("q|k|v").
 std::string cell(std::string s) {
   for (size_t i = s.find('|'); i != std::string::npos; i = s.find('|', i + 2)) s.insert(i, "\\");
@@ -175,10 +182,7 @@ PhaseOutcome optimize_pass(PhaseContext& ctx, Pass pass, int phase_id) {
             step["after_s"] = early->after.seconds;
             step["other_pass_before_s"] = early->other_before;
             step["other_pass_after_s"] = early->other_after;
-            step["result"] = early->after.seconds >= early->before.seconds
-                                 ? "reverted: not faster"
-                                 : fmt::format("reverted: slows the other pass ({} -> {})", ms(early->other_before),
-                                               ms(early->other_after));
+            step["result"] = not_kept(*early);
             steps.push_back(step);
             continue;
           }
@@ -214,9 +218,7 @@ PhaseOutcome optimize_pass(PhaseContext& ctx, Pass pass, int phase_id) {
         cur_s = c.after.seconds;
         step["result"] = fmt::format("kept ({:.2f}x)", c.before.seconds / std::max(c.after.seconds, 1e-12));
       } else {
-        step["result"] = c.after.seconds >= c.before.seconds
-                             ? "reverted: not faster"
-                             : fmt::format("reverted: slows the other pass ({} -> {})", ms(c.other_before), ms(c.other_after));
+        step["result"] = not_kept(c);
       }
       steps.push_back(step);
     }
