@@ -15,6 +15,7 @@
 #include "pipeline/plan.h"
 #include "targets/registry.h"
 #include "util/error.h"
+#include "util/half.h"
 #include "util/npy.h"
 #include "util/parallel.h"
 #include "util/sha256.h"
@@ -115,6 +116,34 @@ std::string fmt_metric(double v) { return fmt::format("{:.6g}", v); }
 // The long position phase 1 and 2 use for RoPE: far enough that frequency scaling matters.
 int64_t long_position(const ModelSpec& s, int64_t room) {
   return std::max<int64_t>(0, std::min<int64_t>(8192, s.max_position - room - 1));
+}
+
+StressAttention stress_attention_inputs(const ModelSpec& s, const std::vector<float>& q, const std::vector<float>& k,
+                                        const std::vector<float>& v, int64_t T, double max_score) {
+  const int64_t Q = s.q_dim(), KV = s.kv_dim(), hd = s.head_dim, group = s.n_heads / s.n_kv_heads;
+  if (int64_t(q.size()) < T * Q || int64_t(k.size()) < T * KV || int64_t(v.size()) < T * KV)
+    fail("stress_attention_inputs: {} rows asked, fewer given", T);
+  auto bf16 = [](float x) { return bf16_to_f32(f32_to_bf16(x)); };
+  StressAttention out;
+  out.k.resize(size_t(T * KV));
+  out.v.resize(size_t(T * KV));
+  for (size_t i = 0; i < out.k.size(); ++i) {
+    out.k[i] = bf16(k[i]);
+    out.v[i] = bf16(v[i]);
+  }
+  double largest = 0;  // over causal (row, key) pairs of every head
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < s.n_heads; ++h)
+      for (int64_t j = 0; j <= t; ++j) {
+        double d = 0;
+        for (int64_t i = 0; i < hd; ++i) d += double(q[size_t(t * Q + h * hd + i)]) * out.k[size_t(j * KV + (h / group) * hd + i)];
+        largest = std::max(largest, std::fabs(d * s.attn_scale()));
+      }
+  if (!(largest > 0)) fail("stress_attention_inputs: every score is zero");
+  out.scaled_by = max_score / largest;
+  out.q.resize(size_t(T * Q));
+  for (size_t i = 0; i < out.q.size(); ++i) out.q[i] = bf16(float(q[i] * out.scaled_by));
+  return out;
 }
 
 // All canonical prompts concatenated (with their BOS where the family uses one), capped:
@@ -449,6 +478,18 @@ PhaseOutcome run_phase1_kernels(PhaseContext& ctx) {
     target.op_attention(0, probe("q").data() + (T - 1) * Q, 1, T - 1, att1.data());
     chk.check("attention", fmt::format("decode gqa {}/{}", s.n_heads, s.n_kv_heads),
               fmt::format("[1,{}] over {} cached", Q, T), probe("attn").data() + (T - 1) * Q, att1, 1, Q);
+    target.reset();
+
+    // The same attention with scores past exp's fp32 range: finite only if the kernel
+    // subtracts the row max (the reference is the oracle's on the same bf16 inputs).
+    const StressAttention st = stress_attention_inputs(s, probe("q"), probe("k"), probe("v"), T, kStressScore);
+    std::vector<float> ref(size_t(T * Q));
+    oracle::attention(st.q.data(), T, 0, st.k.data(), st.v.data(), s, ref.data(), host_threads);
+    target.op_kv_write(0, 0, st.k.data(), st.v.data(), T);
+    GuardedBuffer big(T * Q);
+    target.op_attention(0, st.q.data(), T, 0, big.data());
+    chk.check("attention", fmt::format("prefill, largest score {:.0f}", kStressScore), fmt::format("[{},{}]", T, Q), ref.data(),
+              big, T, Q);
     target.reset();
   }
 

@@ -90,6 +90,18 @@ std::vector<CanonicalPrompt> canonical_prompts(const Tokenizer& tok);
 std::vector<int32_t> long_prompt(PhaseContext& ctx, size_t cap);
 int64_t long_position(const ModelSpec& s, int64_t room);
 
+// Attention inputs whose largest causal score (scale included) is `max_score`, past exp's
+// fp32 range (88.7): a softmax must subtract the row max to stay finite (porting-pitfalls
+// row 8). q is scaled; q, k and v are rounded to bf16, which every target stores exactly
+// (bf16 operands, an fp16 KV cache), so a correct kernel sees the oracle's inputs.
+struct StressAttention {
+  std::vector<float> q, k, v;
+  double scaled_by = 1;  // the factor applied to q
+};
+StressAttention stress_attention_inputs(const ModelSpec& s, const std::vector<float>& q, const std::vector<float>& k,
+                                        const std::vector<float>& v, int64_t T, double max_score);
+constexpr double kStressScore = 120;
+
 PhaseOutcome run_phase0_oracle(PhaseContext& ctx);
 PhaseOutcome run_phase1_kernels(PhaseContext& ctx);
 PhaseOutcome run_phase2_block(PhaseContext& ctx);

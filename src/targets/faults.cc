@@ -41,6 +41,9 @@ const std::vector<FaultInfo>& known_faults() {
        "a tied model's LM head taken as a freshly initialised matrix instead of the embedding"},
       {"mask-off-by-one", "attention", 1,
        "the causal mask hides each row's own position: the first row has no key left (0/0, NaN)"},
+      {"softmax-unshifted", "attention", 1,
+       "the attention softmax takes exp(s) without subtracting the row max: right while scores stay small, inf / inf "
+       "= NaN once one passes 88.7 (exp's fp32 range)"},
       {"kv-layer-aliased", "kv_write", 5,
        "every layer's keys and values stored in (and read from) layer 0's cache rows: prefill reads back what it "
        "just wrote, decode reads another layer's keys"},

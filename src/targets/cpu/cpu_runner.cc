@@ -369,7 +369,8 @@ void CpuRunner::kernel_attention(int64_t l, const float* q, int64_t T, int64_t r
   M m;
   m.kv_head = fault("gqa-modulo") ? M::KvHead::Modulo : fault("gqa-head0") ? M::KvHead::Zero : M::KvHead::Group;
   m.mask_excludes_diagonal = fault("mask-off-by-one");
-  if (m.kv_head != M::KvHead::Group || m.mask_excludes_diagonal) {
+  m.softmax_unshifted = fault("softmax-unshifted");
+  if (m.kv_head != M::KvHead::Group || m.mask_excludes_diagonal || m.softmax_unshifted) {
     cpu::faulty::attention_with_mistakes(q, T, rel, *cache_, l, s.n_heads, s.n_kv_heads, s.head_dim, scale, out, m);
     return;
   }

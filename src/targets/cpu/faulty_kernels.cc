@@ -61,8 +61,10 @@ void attention_with_mistakes(const float* q, int64_t T, int64_t pos0, const KvCa
         p[size_t(j)] = s * scale;
         mx = std::max(mx, p[size_t(j)]);
       }
+      // exp in fp32, as a kernel computes it: unshifted, a score past 88.7 gives inf (inf/inf = NaN).
+      const float shift = m.softmax_unshifted ? 0.0f : mx;
       double sum = 0;
-      for (int64_t j = 0; j < end; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
+      for (int64_t j = 0; j < end; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - shift));
       float* o = out + (t * n_heads + h) * head_dim;
       if (end == 0) {  // every key masked: the softmax is 0/0
         std::fill(o, o + head_dim, std::numeric_limits<float>::quiet_NaN());

@@ -20,6 +20,7 @@ void matmul_bf16_accumulate(const float* x, int64_t T, const Bf16Matrix& w, cons
 struct AttentionMistakes {
   enum class KvHead { Group, Modulo, Zero } kv_head = KvHead::Group;  // h / group, h % n_kv, 0
   bool mask_excludes_diagonal = false;
+  bool softmax_unshifted = false;  // exp(s) without subtracting the row max first
 };
 void attention_with_mistakes(const float* q, int64_t T, int64_t pos0, const KvCache& cache, int64_t layer,
                              int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out,
