@@ -164,7 +164,7 @@ std::vector<FaultCase> earlier_fault_cases() {
 }
 INSTANTIATE_TEST_SUITE_P(Faults, DeployFault, ::testing::ValuesIn(earlier_fault_cases()), fault_case_name);
 
-// One more fault per row of porting-pitfalls.md (rows 1-10 here; 11 on npusim),
+// One more fault per row of porting-pitfalls.md (rows 1-10, 12, 13 here; 11 on npusim),
 // each named by the debug skills. Several times slower under ASan/UBSan: the Release run's.
 #ifndef TESSERA_SANITIZED
 INSTANTIATE_TEST_SUITE_P(
@@ -173,7 +173,8 @@ INSTANTIATE_TEST_SUITE_P(
                       FaultCase{"qkv-bias-after-rope", "Qwen2.5-0.5B", false}, FaultCase{"qk-norm-whole-projection", "Qwen3-0.6B"},
                       FaultCase{"attn-scale-no-sqrt", "Qwen3-0.6B"}, FaultCase{"gqa-head0", "Qwen3-0.6B"},
                       FaultCase{"lm-head-untied", "SmolLM2-360M"}, FaultCase{"mask-off-by-one", "SmolLM2-360M"},
-                      FaultCase{"kv-layer-aliased", "SmolLM2-360M"}, FaultCase{"softmax-unshifted", "SmolLM2-360M", false}),
+                      FaultCase{"kv-layer-aliased", "SmolLM2-360M"}, FaultCase{"softmax-unshifted", "SmolLM2-360M", false},
+                      FaultCase{"double-bos", "Llama-3.2-1B", false}, FaultCase{"eos-first-only", "SmolLM2-360M"}),
     fault_case_name);
 #endif
 
@@ -184,9 +185,30 @@ TEST(Deploy, EveryKnownFaultHasACase) {
                                          "gqa-modulo", "attn-scale-hidden", "stale-kv", "bf16-accumulate", "fused-qkv-swap",
                                          "qk-rows-permuted", "rope-scaling-missing", "qkv-bias-after-rope",
                                          "qk-norm-whole-projection", "attn-scale-no-sqrt", "gqa-head0", "lm-head-untied",
-                                         "mask-off-by-one", "kv-layer-aliased", "softmax-unshifted", "oracle-fallback",
+                                         "mask-off-by-one", "kv-layer-aliased", "softmax-unshifted", "double-bos", "eos-first-only",
+                                         "oracle-fallback",
                                          "nondeterministic"};
   for (const FaultInfo& f : known_faults()) EXPECT_TRUE(covered.count(f.name)) << f.name;
+}
+
+// Phase 0's tokenizer row on a bad input: a fixture whose text no longer gives its ids (the
+// ids, and so the logits rows, are untouched) fails, and the prompt-ids skill names it.
+TEST(Deploy, FixtureTextTokenizedDifferentlyFailsPhase0) {
+  ScratchDir out("fxtext");
+  const fs::path ref = out.path() / "ref" / "SmolLM2-360M";
+  fs::create_directories(ref.parent_path());
+  fs::copy(fs::path(TESSERA_SOURCE_DIR) / "tests" / "fixtures" / "oracle" / "SmolLM2-360M", ref, fs::copy_options::recursive);
+  nlohmann::json fx = read_json_file(ref / "fixture.json");
+  fx["prompts"][0]["text"] = fx["prompts"][0]["text"].get<std::string>() + " today";
+  write_json_atomic(ref / "fixture.json", fx);
+  DeployOptions o = deploy_options(tiny_model("SmolLM2-360M"), out.str("dep"));
+  o.reference_dir = (out.path() / "ref").string();
+  const DeployResult r = deploy(o);
+  EXPECT_FALSE(r.pass);
+  EXPECT_EQ(r.failed_phase, 0);
+  const std::string issues = slurp(out.path() / "dep" / "issues.md");
+  EXPECT_NE(issues.find("texts_tokenized_differently 1 == 0 FAIL"), std::string::npos) << issues;
+  EXPECT_EQ(named_causes(issues), std::vector<std::string>{"tokenizer differs from transformers"}) << issues;
 }
 
 TEST(Deploy, UnknownFaultIsRefused) {

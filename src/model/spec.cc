@@ -283,10 +283,11 @@ ModelSpec spec_from_gguf(const GgufFile& g) {
   s.qkv_bias = s.arch == Arch::Qwen2;  // refined from the tensor list by Model::open
   if (const GgufValue* v = g.find("tokenizer.ggml.bos_token_id")) s.bos_id = v->as_int();
   if (const GgufValue* v = g.find("tokenizer.ggml.eos_token_id")) s.eos_ids.push_back(v->as_int());
-  if (const GgufValue* v = g.find("tokenizer.ggml.eot_token_id")) {
-    int64_t id = v->as_int();
-    if (std::find(s.eos_ids.begin(), s.eos_ids.end(), id) == s.eos_ids.end()) s.eos_ids.push_back(id);
-  }
+  for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})  // end of turn, of message
+    if (const GgufValue* v = g.find(key)) {
+      const int64_t id = v->as_int();
+      if (std::find(s.eos_ids.begin(), s.eos_ids.end(), id) == s.eos_ids.end()) s.eos_ids.push_back(id);
+    }
   // vocab may still be 0 here; Model::open fills it from the embedding and validates.
   return s;
 }

@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <map>
 
 #include "gates/gates.h"
 #include "model/tensors.h"
 #include "oracle/ops.h"
+#include "runtime/generate.h"
 #include "util/error.h"
 #include "util/half.h"
 
@@ -533,6 +535,106 @@ std::vector<Hypothesis> lm_head(PhaseContext& ctx, const Failure&) {
 
 // ---- S7: a refused mapping ------------------------------------------------------------------
 
+// ---- S12: the prompt ids (porting-pitfalls row 12) ------------------------------------------
+
+// "Token ids side by side with the reference tokenizer": the prompt path's ids against the
+// tokenizer's own encoding (BOS rule) and, where phase 0 had a transformers fixture, against
+// transformers' ids for the same texts.
+std::vector<Hypothesis> prompt_ids(PhaseContext& ctx, const Failure& f) {
+  const Tokenizer& tok = ctx.tokenizer();
+  std::vector<Hypothesis> out;
+  const std::string text = canonical_prompts(tok).front().text;
+  const std::vector<int32_t> prompt = tok.encode_prompt(text), raw = tok.encode_raw(text);
+  const auto bos = tok.bos_id();
+  Hypothesis dbl{"a second BOS before the prompt", "double-bos", "", ""};
+  if (!bos || !tok.adds_bos()) {
+    dbl.verdict = "not applicable";
+    dbl.evidence = "the family adds no BOS";
+  } else {
+    std::vector<int32_t> two = raw;
+    two.insert(two.begin(), 2, *bos);
+    dbl.evidence = fmt::format("\"{}\": prompt ids [{}], tokenizer ids [{}]", text, fmt::join(prompt, ","), fmt::join(raw, ","));
+    dbl.verdict = prompt == two ? "confirmed" : "ruled out";
+  }
+  out.push_back(dbl);
+  // The fixture's texts, re-encoded (phase 0 recorded which fixture it used).
+  const nlohmann::json ref = f.record.value("details", nlohmann::json::object()).value("reference", nlohmann::json::object());
+  Hypothesis pre{"the tokenizer splits text differently from transformers (pre-tokenizer regex, normalizer)",
+                 "tokenizer differs from transformers", "", ""};
+  if (!ref.contains("fixture") || !ref["fixture"].is_string()) {
+    pre.verdict = "not applicable";
+    pre.evidence = "no transformers fixture matches this checkpoint";
+  } else {
+    const nlohmann::json fx = read_json_file(std::filesystem::path(ref["fixture"].get<std::string>()) / "fixture.json");
+    int64_t differing = 0;
+    for (const auto& p : fx["prompts"]) {
+      const std::vector<int32_t> ours = tok.encode(p["text"].get<std::string>()), theirs = p["ids"].get<std::vector<int32_t>>();
+      if (ours == theirs) continue;
+      size_t i = 0;
+      while (i < ours.size() && i < theirs.size() && ours[i] == theirs[i]) ++i;
+      if (differing++ == 0)
+        pre.evidence = fmt::format("first difference at id {}: tessera {} \"{}\", transformers {} \"{}\"; ", i,
+                                   i < ours.size() ? std::to_string(ours[i]) : "-", i < ours.size() ? tok.token_string(ours[i]) : "",
+                                   i < theirs.size() ? std::to_string(theirs[i]) : "-",
+                                   i < theirs.size() && theirs[i] < tok.vocab_size() ? tok.token_string(theirs[i]) : "");
+    }
+    pre.evidence += fmt::format("{} of {} fixture texts tokenized differently", differing, fx["prompts"].size());
+    pre.verdict = differing > 0 ? "confirmed" : "ruled out";
+  }
+  out.push_back(pre);
+  return out;
+}
+
+bool prompt_ids_failed(const Failure& f) {
+  if (f.phase != 0) return false;
+  for (const auto& g : f.record.value("gates", nlohmann::json::array()))
+    if (!g.value("pass", true) && g.value("gate", "") == "phase0.prompt_ids") return true;
+  return false;
+}
+
+// ---- S13: the stop set (porting-pitfalls row 13) -------------------------------------------
+
+// "tokenizer_config / generation config": which declared ids the runtime's stop set misses,
+// and where each is declared. Runs the runtime's own Generator on a fresh runner.
+std::vector<Hypothesis> stop_set(PhaseContext& ctx, const Failure&) {
+  std::unique_ptr<StagedRunner> t = ctx.fresh_target();
+  const Tokenizer& tok = ctx.tokenizer();
+  const std::vector<int32_t> stops = Generator(*t, tok).stop_ids();
+  const std::vector<DeclaredEos> declared = declared_eos_ids(ctx.model, tok);
+  std::vector<std::string> missing, only_generation_config;
+  for (const DeclaredEos& d : declared)
+    if (!std::binary_search(stops.begin(), stops.end(), d.id)) {
+      missing.push_back(fmt::format("{} ({})", d.id, d.source));
+      if (d.source == "generation_config.json eos_token_id") only_generation_config.push_back(std::to_string(d.id));
+    }
+  const std::string facts = fmt::format("runtime stop set {{{}}}; declared {}; missing: {}", fmt::join(stops, ", "),
+                                        declared.size(), missing.empty() ? "none" : fmt::format("{}", fmt::join(missing, "; ")));
+  std::vector<Hypothesis> out;
+  const std::optional<int32_t> eos = tok.token_id(tok.eos_token());
+  Hypothesis first{"only the tokenizer's eos_token stops generation", "eos-first-only", "", facts};
+  if (declared.size() < 2) first.verdict = "not applicable";
+  else first.verdict = !missing.empty() && eos && stops == std::vector<int32_t>{*eos} ? "confirmed" : "ruled out";
+  out.push_back(first);
+  Hypothesis gen{"generation_config.json's ids not read", "generation_config.json ignored", "", facts};
+  if (!std::filesystem::exists(std::filesystem::path(ctx.model.path()) / "generation_config.json"))
+    gen.verdict = "not applicable";
+  else gen.verdict = !missing.empty() && only_generation_config.size() == missing.size() ? "confirmed" : "ruled out";
+  out.push_back(gen);
+  return out;
+}
+
+bool stop_set_failed(const Failure& f) {
+  const nlohmann::json d = f.record.value("details", nlohmann::json::object());
+  return d.contains("stop_set") && !d["stop_set"].value("missing", nlohmann::json::array()).empty();
+}
+
+// Whether a failing gate row measures the numbers (every gate but the stop-set check does).
+bool numbers_failed(const Failure& f) {
+  for (const auto& g : f.record.value("gates", nlohmann::json::array()))
+    if (!g.value("pass", true) && g.value("gate", "") != "phase6.stop_set") return true;
+  return !stop_set_failed(f);
+}
+
 std::vector<Hypothesis> refusal(PhaseContext&, const Failure& f) {
   const std::string text = f.record.at("details").value("refused", "");
   std::vector<Hypothesis> out;
@@ -653,6 +755,12 @@ const std::vector<DebugSkill>& debug_skills() {
       {"mapping-refused", "the target refused a mapping (npusim checker)", "the refusal's tile and numbers; the mapping's tiles",
        {}, [](const Failure& f) { return f.record.contains("details") && f.record["details"].contains("refused"); },
        refusal},
+      {"prompt-ids", "phase 0's prompt-ids rows fail: a prompt starts with two BOS, or the tokenizer disagrees with "
+       "transformers' ids", "Tokenizer::encode_prompt (the BOS rule), the pre-tokenizer and normalizer", {},
+       prompt_ids_failed, prompt_ids},
+      {"stop-set", "phase 6's stop-set row fails: generation would not stop on a declared end-of-sequence id",
+       "tokenizer_config.json / generation_config.json / config.json eos ids; runtime/generate.cc stop_ids", {},
+       stop_set_failed, stop_set},
       {"audit-finding", "the independent evaluator (phase 7) failed the deployment", "evaluation_report.md; the named check",
        {}, [](const Failure& f) { return f.phase == 7; }, audit_findings},
   };
@@ -665,7 +773,7 @@ std::vector<Diagnosis> run_debug_skills(PhaseContext& ctx, const Failure& f) {
   std::vector<Diagnosis> out;
   for (const DebugSkill& skill : debug_skills()) {
     bool match = skill.matches ? skill.matches(f) : false;
-    if (!skill.stages.empty() && f.phase >= 1 && f.phase <= 6 && !refused) {
+    if (!skill.stages.empty() && f.phase >= 1 && f.phase <= 6 && !refused && numbers_failed(f)) {
       // A record that names stages picks the skills for them; one that names none (phases
       // 3 and later, a bisect without a verdict) runs every stage skill.
       match = suspects.empty() ||

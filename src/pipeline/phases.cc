@@ -1,6 +1,7 @@
 #include "pipeline/phases.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "model/tensors.h"
 #include "oracle/ops.h"
 #include "pipeline/plan.h"
+#include "runtime/generate.h"
 #include "targets/registry.h"
 #include "util/error.h"
 #include "util/half.h"
@@ -33,7 +35,10 @@ PhaseContext::PhaseContext(Deployment& d, const Model& m, const DeployOptions& o
 PhaseContext::~PhaseContext() = default;
 
 const Tokenizer& PhaseContext::tokenizer() {
-  if (!tokenizer_) tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::for_model(model));
+  if (!tokenizer_) {
+    tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::for_model(model));
+    if (opts.faults.count("double-bos")) tokenizer_->inject_double_bos();
+  }
   return *tokenizer_;
 }
 OracleRunner& PhaseContext::oracle() {
@@ -294,11 +299,51 @@ PhaseOutcome run_phase0_oracle(PhaseContext& ctx) {
   } else {
     out.details["reference"] = {{"fixture", nullptr}, {"why", why}};
   }
+
+  // 4. the ids every phase feeds (porting pitfall 12): a prompt starts with at most one BOS,
+  // and where a fixture exists the tokenizer gives transformers' ids for its texts.
+  {
+    const Tokenizer& tok = ctx.tokenizer();
+    int64_t most = 0;
+    nlohmann::json leading = nlohmann::json::array();
+    for (const CanonicalPrompt& p : prompts) {
+      int64_t n = 0;
+      while (tok.bos_id() && n < int64_t(p.ids.size()) && p.ids[size_t(n)] == *tok.bos_id()) ++n;
+      most = std::max(most, n);
+      leading.push_back({{"text", p.text}, {"ids", p.ids}, {"leading_bos", n}});
+    }
+    GateResult g;
+    g.gate = "phase0.prompt_ids";
+    g.subject = fmt::format("{} canonical prompts: at most one BOS first", prompts.size());
+    g.require_fixed("leading_bos_max", double(most), "<=", 1);
+    g.note = tok.bos_id() ? fmt::format("BOS {}; the family {} one", *tok.bos_id(), tok.adds_bos() ? "adds" : "does not add")
+                          : "no BOS token";
+    out.gates.push_back(g);
+    out.details["prompt_ids"] = leading;
+    if (match) {
+      int64_t differing = 0;
+      std::string first;
+      for (const auto& prompt : match->fixture["prompts"]) {
+        const std::string text = prompt["text"].get<std::string>();
+        const std::vector<int32_t> ours = tok.encode(text), theirs = prompt["ids"].get<std::vector<int32_t>>();
+        if (ours == theirs) continue;
+        ++differing;
+        if (first.empty()) first = fmt::format("\"{}\": tessera [{}], transformers [{}]", text, fmt::join(ours, ","), fmt::join(theirs, ","));
+      }
+      GateResult t;
+      t.gate = "phase0.prompt_ids";
+      t.subject = fmt::format("tokenizer vs transformers fixture {} ({} texts)", match->dir.filename().string(),
+                              match->fixture["prompts"].size());
+      t.require_fixed("texts_tokenized_differently", double(differing), "==", 0);
+      t.note = first;
+      out.gates.push_back(t);
+    }
+  }
   out.pass = std::all_of(out.gates.begin(), out.gates.end(), [](const GateResult& g) { return g.pass(); });
   out.summary = fmt::format("{} values finite; logits std {}; reference: {}", values,
                             fmt_metric(std::sqrt(sq / double(logits.size()))),
                             match ? "transformers fixture " + match->dir.filename().string() : "none (" + why + ")");
-  if (!out.pass) out.diagnosis = "the oracle itself is not trustworthy for this checkpoint: see the failing rows";
+  if (!out.pass) out.diagnosis = "the oracle itself, or the ids it is fed, is not trustworthy for this checkpoint: see the failing rows";
   return out;
 }
 
@@ -772,6 +817,48 @@ Greedy greedy(ModelRunner& r, const std::vector<int32_t>& prompt, int n, int k) 
   return g;
 }
 
+std::vector<DeclaredEos> declared_eos_ids(const Model& model, const Tokenizer& tok) {
+  std::vector<DeclaredEos> out;
+  auto add = [&](int64_t id, const std::string& source) {
+    if (id < 0) return;
+    for (DeclaredEos& d : out)
+      if (d.id == id) {
+        d.source += ", " + source;
+        return;
+      }
+    out.push_back({int32_t(id), source});
+  };
+  if (const GgufFile* g = model.gguf()) {
+    for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
+      if (const GgufValue* v = g->find(key)) add(v->as_int(), key);
+    return out;
+  }
+  const std::filesystem::path dir(model.path());
+  auto ids_of = [&](const char* file, const char* key) {
+    const std::filesystem::path f = dir / file;
+    if (!std::filesystem::exists(f)) return;
+    const nlohmann::json j = read_json_file(f);
+    const auto it = j.find(key);
+    if (it == j.end()) return;
+    const std::string source = fmt::format("{} {}", file, key);
+    if (it->is_number_integer()) add(it->get<int64_t>(), source);
+    else if (it->is_array())
+      for (const auto& x : *it)
+        if (x.is_number_integer()) add(x.get<int64_t>(), source);
+  };
+  ids_of("config.json", "eos_token_id");
+  ids_of("generation_config.json", "eos_token_id");
+  if (const std::filesystem::path f = dir / "tokenizer_config.json"; std::filesystem::exists(f)) {
+    const nlohmann::json j = read_json_file(f);
+    if (const auto it = j.find("eos_token"); it != j.end()) {
+      const std::string text = it->is_string() ? it->get<std::string>() : it->is_object() ? it->value("content", "") : "";
+      if (const std::optional<int32_t> id = text.empty() ? std::nullopt : tok.token_id(text))
+        add(*id, fmt::format("tokenizer_config.json eos_token {}", text));
+    }
+  }
+  return out;
+}
+
 PhaseOutcome run_phase6_integrate(PhaseContext& ctx) {
   PhaseOutcome out;
   const int n = int(gates::threshold("phase6.tokens"));
@@ -799,6 +886,27 @@ PhaseOutcome run_phase6_integrate(PhaseContext& ctx) {
     decode_tokens += double(got.tokens.size() - 1);
     decode_s += got.decode_s;
   }
+  // Porting pitfall 13: the runtime `tessera run` uses must stop on every end-of-sequence id
+  // the checkpoint declares (read here from its files, not through the loader).
+  {
+    Generator gen(ctx.target(), ctx.tokenizer());
+    const std::vector<int32_t>& stops = gen.stop_ids();
+    const std::vector<DeclaredEos> declared = declared_eos_ids(ctx.model, ctx.tokenizer());
+    std::vector<std::string> missing;
+    nlohmann::json declared_j = nlohmann::json::array();
+    for (const DeclaredEos& d : declared) {
+      declared_j.push_back({{"id", d.id}, {"source", d.source}});
+      if (!std::binary_search(stops.begin(), stops.end(), d.id)) missing.push_back(fmt::format("{} ({})", d.id, d.source));
+    }
+    GateResult g;
+    g.gate = "phase6.stop_set";
+    g.subject = fmt::format("generation stops on the {} declared end-of-sequence id(s)", declared.size());
+    g.require_fixed("declared_ids_not_stopping", double(missing.size()), "==", 0);
+    g.note = missing.empty() ? fmt::format("stop set {}", fmt::join(stops, ", "))
+                             : fmt::format("does not stop on {}", fmt::join(missing, "; "));
+    out.gates.push_back(g);
+    out.details["stop_set"] = {{"declared", declared_j}, {"runtime", stops}, {"missing", missing}};
+  }
   out.pass = std::all_of(out.gates.begin(), out.gates.end(), [](const GateResult& g) { return g.pass(); });
   out.details["target_timing"] = {{"prefill_tokens_per_s", prefill_s > 0 ? prefill_tokens / prefill_s : 0},
                                   {"decode_tokens_per_s", decode_s > 0 ? decode_tokens / decode_s : 0},
@@ -806,8 +914,13 @@ PhaseOutcome run_phase6_integrate(PhaseContext& ctx) {
   out.details["op_counters"] = ctx.target().op_counters();
   if (const nlohmann::json predicted = ctx.target().predicted_figures(); !predicted.empty())
     out.details["target_predicted"] = predicted;
-  out.summary = fmt::format("{} prompts x {} greedy tokens: {}", prompts.size(), n, out.pass ? "match" : "mismatch");
-  if (!out.pass)
+  const bool greedy_ok = std::all_of(out.gates.begin(), out.gates.end(),
+                                     [](const GateResult& g) { return g.gate != "phase6.greedy" || g.pass(); });
+  out.summary = fmt::format("{} prompts x {} greedy tokens: {}; stop set: {}", prompts.size(), n, greedy_ok ? "match" : "mismatch",
+                            out.details["stop_set"]["missing"].empty() ? "every declared EOS id" : "ids missing");
+  if (!out.details["stop_set"]["missing"].empty())
+    out.diagnosis = "generation would not stop on every end-of-sequence id the checkpoint declares (the runtime's stop set)";
+  else if (!out.pass)
     out.diagnosis = "the integrated prefill+decode runner diverges from the oracle beyond the top-k rule; phases 1-3 "
                     "passed, so suspect state that only decode touches (KV cache writes, positions, buffer reuse)";
   return out;

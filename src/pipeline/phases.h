@@ -102,6 +102,15 @@ StressAttention stress_attention_inputs(const ModelSpec& s, const std::vector<fl
                                         const std::vector<float>& v, int64_t T, double max_score);
 constexpr double kStressScore = 120;
 
+// The end-of-sequence ids a checkpoint declares, each with where it says so, read from its
+// files (config.json / generation_config.json eos_token_id, tokenizer_config.json
+// eos_token; GGUF eos/eot/eom ids): phase 6 checks the runtime stops on every one.
+struct DeclaredEos {
+  int32_t id;
+  std::string source;
+};
+std::vector<DeclaredEos> declared_eos_ids(const Model& model, const Tokenizer& tok);
+
 PhaseOutcome run_phase0_oracle(PhaseContext& ctx);
 PhaseOutcome run_phase1_kernels(PhaseContext& ctx);
 PhaseOutcome run_phase2_block(PhaseContext& ctx);

@@ -46,6 +46,24 @@ std::string Utf8Stream::flush() {
   return out;
 }
 
+std::vector<int32_t> stop_ids(const Tokenizer& tokenizer, const ModelSpec& spec) {
+  std::vector<int32_t> ids = tokenizer.eos_ids();
+  for (const int64_t id : spec.eos_ids)
+    if (id >= 0 && id < spec.vocab) ids.push_back(int32_t(id));
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+Generator::Generator(ModelRunner& runner, const Tokenizer& tokenizer)
+    : runner_(runner), tokenizer_(tokenizer), stop_ids_(tessera::stop_ids(tokenizer, runner.spec())) {
+  // Porting pitfall 13 on purpose: only the tokenizer's own eos_token stops generation.
+  if (runner.injected("eos-first-only")) {
+    const std::optional<int32_t> eos = tokenizer.token_id(tokenizer.eos_token());
+    stop_ids_ = eos ? std::vector<int32_t>{*eos} : std::vector<int32_t>{};
+  }
+}
+
 GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const GenerationOptions& options,
                                      const TokenCallback& on_token) {
   const ModelSpec& spec = runner_.spec();
@@ -56,7 +74,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const G
          runner_.position() > 0 ? fmt::format(" after {} already in the conversation", runner_.position()) : "",
          spec.max_position);
   Sampler sampler(options.sampling);
-  const auto& eos = tokenizer_.eos_ids();
+  const std::vector<int32_t>& eos = stop_ids_;
   GenerationResult r;
   r.prompt_tokens = int64_t(prompt.size());
   r.stop_reason = "length";
@@ -70,7 +88,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const G
   t0 = clock::now();
   for (int i = 0; i < options.max_new_tokens; ++i) {
     const int32_t next = sampler.sample(logits);
-    if (options.stop_on_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) {
+    if (options.stop_on_eos && std::binary_search(eos.begin(), eos.end(), next)) {
       r.stop_reason = "eos";
       break;
     }

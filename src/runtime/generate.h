@@ -44,9 +44,15 @@ class Utf8Stream {
   std::string pending_;
 };
 
+// What generation stops on: the tokenizer's end-of-sequence set (its eos_token and the
+// family's end-of-turn tokens) and every id the checkpoint declares (config.json and
+// generation_config.json eos_token_id, GGUF eos/eot ids): instruct models stop on several.
+std::vector<int32_t> stop_ids(const Tokenizer& tokenizer, const ModelSpec& spec);
+
 class Generator {
  public:
-  Generator(ModelRunner& runner, const Tokenizer& tokenizer) : runner_(runner), tokenizer_(tokenizer) {}
+  Generator(ModelRunner& runner, const Tokenizer& tokenizer);
+  const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
 
   // Runs `prompt` after whatever the runner's KV cache already holds (so a chat can extend
   // its conversation) and generates up to options.max_new_tokens.
@@ -56,6 +62,7 @@ class Generator {
  private:
   ModelRunner& runner_;
   const Tokenizer& tokenizer_;
+  std::vector<int32_t> stop_ids_;  // sorted
 };
 
 }  // namespace tessera

@@ -48,18 +48,24 @@ const std::vector<FaultInfo>& known_faults() {
        "every layer's keys and values stored in (and read from) layer 0's cache rows: prefill reads back what it "
        "just wrote, decode reads another layer's keys"},
   };
-  static const std::vector<FaultInfo> all = with_evaluator_faults(faults);
+  static const std::vector<FaultInfo> all = with_shared_faults(faults);
   return all;
 }
 
-std::vector<FaultInfo> with_evaluator_faults(std::vector<FaultInfo> faults) {
-  const std::vector<FaultInfo>& e = evaluator_faults();
+std::vector<FaultInfo> with_shared_faults(std::vector<FaultInfo> faults) {
+  const std::vector<FaultInfo>& e = shared_faults();
   faults.insert(faults.end(), e.begin(), e.end());
   return faults;
 }
 
-const std::vector<FaultInfo>& evaluator_faults() {
+const std::vector<FaultInfo>& shared_faults() {
   static const std::vector<FaultInfo> faults = {
+      {"double-bos", "prompt", 0,
+       "prompts get a second BOS before the first (a runtime adding BOS to ids the tokenizer already started "
+       "with): every phase runs on ids the model was never trained on"},
+      {"eos-first-only", "generate", 6,
+       "generation stops only on the tokenizer's eos_token, not on every end-of-sequence id the checkpoint declares "
+       "(instruct models stop on several): it never stops after an end-of-turn token"},
       {"oracle-fallback", "silu_mul", 7,
        "SiLU x mul silently computed by the oracle's kernel instead of the target's: every gate passes, only the "
        "per-op counters show it"},

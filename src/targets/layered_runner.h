@@ -52,6 +52,7 @@ class LayeredRunner : public StagedRunner {
   // With profiling on: wall seconds spent in each stage since construction (or clear).
   std::map<std::string, double> stage_seconds() const;
   void clear_profile() { stage_seconds_.fill(0); }
+  bool injected(const std::string& name) const override { return faults_.count(name) > 0; }
 
  protected:
   // Loads every layer's parameters, the final norm and the RoPE frequencies.

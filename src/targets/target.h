@@ -32,6 +32,9 @@ class ModelRunner {
   virtual void truncate(int64_t positions) = 0;
   // How many times each op ran on this target since construction ("gemm", "attention", ...).
   virtual std::map<std::string, int64_t> op_counters() const { return {}; }
+  // Whether `--inject NAME` made this runner wrong on purpose: the runtime above a runner
+  // asks for the faults that live in it (a wrong stop set), the runner handles its own.
+  virtual bool injected(const std::string& fault) const { return false; }
 };
 
 // The oracle as a runner (the reference every target is gated against).
@@ -66,11 +69,12 @@ struct FaultInfo {
 // them); other targets' faults: target_faults / target_fault_info in registry.h.
 const std::vector<FaultInfo>& known_faults();
 const FaultInfo& fault_info(const std::string& name);
-// Faults every target takes that only the evaluator (phase 7, `tessera audit`) can catch:
-// "oracle-fallback" and "nondeterministic" (first_phase 7).
-const std::vector<FaultInfo>& evaluator_faults();
-// A target's own faults followed by the evaluator's (what each target's list is).
-std::vector<FaultInfo> with_evaluator_faults(std::vector<FaultInfo> faults);
+// Faults every target takes because they live above its kernels: the runtime's
+// ("double-bos", phase 0; "eos-first-only", phase 6) and those only the evaluator (phase 7, `tessera audit`) can
+// catch ("oracle-fallback", "nondeterministic").
+const std::vector<FaultInfo>& shared_faults();
+// A target's own faults followed by the shared ones (what each target's list is).
+std::vector<FaultInfo> with_shared_faults(std::vector<FaultInfo> faults);
 using FaultSet = std::set<std::string>;
 
 }  // namespace tessera

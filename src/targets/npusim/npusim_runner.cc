@@ -37,7 +37,7 @@ const std::vector<FaultInfo>& npusim_faults() {
       {"dma-channels", "qkv_proj", 1,
        "the projection's input is sent twice through column 0's shim tile: one more MM2S channel than the tile has"},
   };
-  static const std::vector<FaultInfo> all = with_evaluator_faults(faults);
+  static const std::vector<FaultInfo> all = with_shared_faults(faults);
   return all;
 }
 
