@@ -352,7 +352,7 @@ TEST(GatesThresholds, TableHoldsExactlyTheAgreedKeys) {
       {"phase3.decisive_prob", 0.5},         {"phase3.topk", 5},
       {"phase6.tokens", 32},                 {"phase6.prompts_min", 2},
       {"phase6.topk", 5},                    {"diagnose.match_nmse_max", 1e-4},
-      {"diagnose.separation_min", 10}};
+      {"diagnose.separation_min", 10},       {"diagnose.dispatch_gain_min", 1.25}};
   const auto& t = thresholds();
   EXPECT_EQ(t.size(), expected.size());
   for (const auto& [key, value] : expected) {

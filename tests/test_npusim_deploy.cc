@@ -61,6 +61,13 @@ TEST_P(NpusimDeployTiny, EveryGatePassesWithNothingOnTheHost) {
   }
   // Phase 7: the independent evaluator passes the untouched deployment.
   testing_support::expect_audit_passes(out.str("dep"));
+  // Phases 4-5 merged what could be merged: the advisory skill runs and names nothing.
+  if (GetParam() == "SmolLM2-360M") {
+    const auto c = testing_support::run_tessera("diagnose " + out.str("dep") + " --quiet");
+    EXPECT_EQ(c.exit_code, 0) << c.err;
+    EXPECT_FALSE(names_cause(c.out, "dispatch-overhead")) << c.out;
+    EXPECT_NE(c.out.find("dispatch-overhead"), std::string::npos) << c.out;  // it ran, and ruled it out
+  }
 }
 
 std::vector<std::string> npusim_presets() {
@@ -185,6 +192,18 @@ INSTANTIATE_TEST_SUITE_P(Faults, NpusimFault,
                          ::testing::Values("l1-overflow", "bd-exhaustion", "bad-access-pattern", "stale-buffer", "dma-channels"),
 #endif
                          param_name);
+
+// Porting pitfall 14: no gate fails when phases 4 and 5 never merge; `tessera diagnose` on
+// the passing deployment names the dispatch overhead.
+TEST(NpusimFault, MergeSkippedIsNamedByTheAdvisorySkill) {
+  ScratchDir out("npusim_merge_skipped");
+  const DeployResult r = deploy(npusim_options("SmolLM2-360M", out.str("dep"), "", {"merge-skipped"}));
+  ASSERT_TRUE(r.pass) << r.diagnosis;
+  const auto d = run_tessera("diagnose " + out.str("dep") + " --quiet");
+  EXPECT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_TRUE(names_cause(d.out, "dispatch-overhead")) << d.out;
+  // The merged deployment's diagnose names nothing: NpusimDeployTiny (SmolLM2-360M).
+}
 
 // ---- predictions: the model orders the plans as the reference deployment measured them
 

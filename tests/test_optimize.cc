@@ -143,6 +143,12 @@ TEST(Optimize, NpusimMergeThatBreaksTheNumbersIsReverted) {
   const fs::path dep = out.path() / "dep";
   EXPECT_TRUE(has_step(steps(dep, 4), "merge", "reverted: the phase-3 gate failed"));
   EXPECT_TRUE(has_step(steps(dep, 5), "merge", "reverted: the phase-3 gate failed"));
+  // The debug skills ran on the reverted rewrite and name the fault, alone.
+  for (const int id : {4, 5})
+    for (const auto& [skill, result] : steps(dep, id))
+      if (result.starts_with("reverted: the phase-3 gate failed"))
+        EXPECT_TRUE(result.ends_with("(named cause: merged-stale-intermediate)")) << skill << ": " << result;
+  EXPECT_NE(slurp(dep / "issues.md").find("Named cause(s): merged-stale-intermediate"), std::string::npos);
   const npusim::NpuPlan np = npusim::plan_from_json(read_json_file(dep / "plan.json")["npusim"]["plan"]);
   EXPECT_FALSE(np.shares_dispatch(Stage::OProj, Stage::AttnResidual, false));
   EXPECT_FALSE(np.shares_dispatch(Stage::OProj, Stage::AttnResidual, true));

@@ -34,8 +34,9 @@ int run_diagnose(const DiagnoseArgs& a) {
     const nlohmann::json ev = read_json_file(dep.file("evaluation.json"));
     if (ev.value("verdict", "") == "FAIL") f = {7, ev};
   }
-  if (f.phase < 0) {
-    fmt::print("{}: no failed gate and no failing audit: nothing to diagnose\n", a.dir);
+  // Nothing failed: the advisory skills (porting pitfall 14) look at the passing deployment.
+  if (f.phase < 0 && dep.phase_status(6) != "passed") {
+    fmt::print("{}: no failed gate, no failing audit, and not finished: nothing to diagnose\n", a.dir);
     return 0;
   }
   DeployOptions o = options_from_identity(dep.identity());
@@ -49,6 +50,8 @@ int run_diagnose(const DiagnoseArgs& a) {
     nlohmann::json j = {{"phase", f.phase}, {"diagnoses", nlohmann::json::array()}};
     for (const Diagnosis& d : ds) j["diagnoses"].push_back(d.to_json());
     fmt::print("{}\n", j.dump(2));
+  } else if (f.phase < 0) {
+    fmt::print("no failed gate and no failing audit; advisory skills: {}", diagnoses_markdown(ds));
   } else {
     fmt::print("phase {} failed. {}", f.phase, diagnoses_markdown(ds));
   }
@@ -62,7 +65,8 @@ void add_diagnose_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "diagnose",
       "Run the debug skills on a deployment's failure (the first failed phase, or a failing `tessera audit`): each\n"
-      "skill's hypotheses with the experiment that confirms or rules each out, and the named cause(s).");
+      "skill's hypotheses with the experiment that confirms or rules each out, and the named cause(s). On a finished\n"
+      "deployment with no failure, the advisory skills (dispatch-overhead) instead.");
   cmd->add_option("dir", a->dir, "A deployment directory")->required();
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->add_option("--threads", a->threads, "Worker threads (default: all cores)");

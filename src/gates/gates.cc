@@ -285,6 +285,8 @@ const std::map<std::string, Threshold>& thresholds() {
       {"diagnose.match_nmse_max", {1e-4, "the target matches a reference variant (bf16 rounding stays ~1e-5)"}},
       {"diagnose.separation_min", {10, "the target must be this many times closer to a variant than to the correct "
                                        "reference for the variant to be confirmed"}},
+      {"diagnose.dispatch_gain_min", {1.25, "merging the frozen plan's dispatches would make a pass this many times "
+                                            "faster: dispatch overhead not amortized (advisory)"}},
   };
   return table;
 }

@@ -13,6 +13,7 @@
 #include "model/tensors.h"
 #include "oracle/ops.h"
 #include "runtime/generate.h"
+#include "targets/registry.h"
 #include "util/error.h"
 #include "util/half.h"
 
@@ -511,6 +512,45 @@ std::vector<Hypothesis> stale_operand(PhaseContext& ctx, const Failure&) {
   return {h};
 }
 
+// An intermediate a merged dispatch does not refresh: layer 0 run twice on different inputs,
+// as a prefill and as decode steps (a rewrite may merge either pass); the second call's
+// residual add must use the second call's O projection.
+std::vector<Hypothesis> stale_intermediate(PhaseContext& ctx, const Failure&) {
+  const ModelSpec& s = ctx.model.spec();
+  const Acts a = layer0_acts(ctx);
+  const int64_t H = s.hidden;
+  std::unique_ptr<StagedRunner> t = ctx.fresh_target();
+  auto run = [&](const float* in, int64_t T) {
+    std::map<std::string, std::vector<float>> p;
+    std::vector<float> h(in, in + T * H);
+    t->reset(T == 1 ? a.T : 0);  // a decode step: one row after a cached prompt's worth of positions
+    t->forward_layers(h.data(), T, 1, [&](const std::string& name, const float* d, int64_t rows, int64_t cols) {
+      if (name == "layers.0.o_proj" || name == "layers.0.attn_residual") p[name.substr(9)].assign(d, d + rows * cols);
+    }, ProbeLevel::All);
+    return p;
+  };
+  const std::vector<float>& in1 = a.probe.at("embed");
+  const std::vector<float>& in2 = a.probe.at("attn_residual");  // another input of the same shape
+  const std::string name = "a merged dispatch hands the residual add the previous call's O output (an intermediate not refreshed)";
+  Hypothesis best = not_applicable(name, "merged-stale-intermediate", "the target's forward pass does not expose o_proj and attn_residual");
+  for (const int64_t T : {a.T, int64_t(1)}) {
+    const int64_t off = (a.T - T) * H;
+    auto p1 = run(in1.data() + off, T), p2 = run(in2.data() + off, T);
+    if (!p1.count("o_proj") || !p2.count("attn_residual")) break;
+    std::vector<float> correct(size_t(T * H)), stale(size_t(T * H));
+    for (int64_t i = 0; i < T * H; ++i) {
+      correct[size_t(i)] = in2[size_t(off + i)] + p2["o_proj"][size_t(i)];
+      stale[size_t(i)] = in2[size_t(off + i)] + p1["o_proj"][size_t(i)];
+    }
+    Hypothesis h = judge(name, "merged-stale-intermediate", p2["attn_residual"], stale, correct);
+    h.evidence = fmt::format("{}: ", T == 1 ? "decode steps" : "prefill calls") + h.evidence;
+    if (best.verdict == "not applicable" || h.verdict == "confirmed" || (best.verdict != "confirmed" && h.verdict == "ruled out")) best = h;
+    if (best.verdict == "confirmed") break;
+  }
+  t->reset();
+  return {best};
+}
+
 // ---- S9: the LM head ------------------------------------------------------------------------
 
 std::vector<Hypothesis> lm_head(PhaseContext& ctx, const Failure&) {
@@ -586,10 +626,46 @@ std::vector<Hypothesis> prompt_ids(PhaseContext& ctx, const Failure& f) {
 }
 
 bool prompt_ids_failed(const Failure& f) {
-  if (f.phase != 0) return false;
+  if (f.phase != 0 || !f.record.is_object()) return false;
   for (const auto& g : f.record.value("gates", nlohmann::json::array()))
     if (!g.value("pass", true) && g.value("gate", "") == "phase0.prompt_ids") return true;
   return false;
+}
+
+// ---- S14: dispatch overhead (porting-pitfalls row 14; advisory) ----------------------------
+
+// No gate fails when a modelled NPU spends its time launching small dispatches: on a
+// passing deployment, the target's own merge skill is proposed on the frozen plan and both
+// plans are priced. Confirmed when merging would make a pass at least
+// diagnose.dispatch_gain_min times faster.
+std::vector<Hypothesis> dispatch_overhead(PhaseContext& ctx, const Failure&) {
+  Hypothesis h{"dispatch overhead not amortized: too many small dispatches", "dispatch-overhead", "ruled out", ""};
+  const TargetDef& def = target_def(ctx.opts.target);
+  const OptSkill* merge = nullptr;
+  if (def.skills)
+    for (const OptSkill& s : def.skills())
+      if (s.name == "merge") merge = &s;
+  std::unique_ptr<StagedRunner> cur = ctx.fresh_target();
+  if (!merge) return {not_applicable(h.name, h.cause, "the target has no merge skill")};
+  const double min_gain = gates::threshold("diagnose.dispatch_gain_min");
+  for (const Pass pass : {Pass::Prefill, Pass::Decode}) {
+    const PassFigure before = cur->measure(pass);
+    if (!before.predicted)
+      return {not_applicable(h.name, h.cause, "a measured target: dispatch overhead is a modelled NPU's figure")};
+    std::string why;
+    const std::vector<PlanRewrite> rws = merge->propose(ctx.plan(), pass, why);
+    if (rws.empty()) {
+      h.evidence += fmt::format("{}: {}; ", pass_name(pass), why);
+      continue;
+    }
+    const PassFigure after = ctx.make_runner(rws.front().plan)->measure(pass);
+    const double gain = before.seconds / std::max(after.seconds, 1e-12);
+    h.evidence += fmt::format("{}: {:.3f} ms, {} would be {:.3f} ms ({:.2f}x); ", pass_name(pass), before.seconds * 1e3,
+                              rws.front().what, after.seconds * 1e3, gain);
+    if (gain >= min_gain) h.verdict = "confirmed";
+  }
+  h.evidence += fmt::format("confirmed at {:.2f}x or more", min_gain);
+  return {h};
 }
 
 // ---- S13: the stop set (porting-pitfalls row 13) -------------------------------------------
@@ -624,12 +700,14 @@ std::vector<Hypothesis> stop_set(PhaseContext& ctx, const Failure&) {
 }
 
 bool stop_set_failed(const Failure& f) {
+  if (!f.record.is_object()) return false;
   const nlohmann::json d = f.record.value("details", nlohmann::json::object());
   return d.contains("stop_set") && !d["stop_set"].value("missing", nlohmann::json::array()).empty();
 }
 
 // Whether a failing gate row measures the numbers (every gate but the stop-set check does).
 bool numbers_failed(const Failure& f) {
+  if (!f.record.is_object()) return false;
   for (const auto& g : f.record.value("gates", nlohmann::json::array()))
     if (!g.value("pass", true) && g.value("gate", "") != "phase6.stop_set") return true;
   return !stop_set_failed(f);
@@ -690,6 +768,7 @@ std::string stage_of_kernel_row(const nlohmann::json& row) {
 
 std::set<Stage> Failure::suspects() const {
   std::set<Stage> out;
+  if (!record.is_object()) return out;
   const nlohmann::json d = record.value("details", nlohmann::json::object());
   for (const auto& row : d.value("kernels", nlohmann::json::array()))
     if (!row.value("pass", true)) {
@@ -750,6 +829,10 @@ const std::vector<DebugSkill>& debug_skills() {
       {"stale-operand", "a kernel right on its first call and wrong on a later call of the same shape",
        "input fifos marked resident, buffers reused across calls", {Stage::AttnNorm, Stage::MlpNorm}, nullptr,
        stale_operand},
+      {"stale-intermediate", "right on the first call, wrong after, only in a plan that merges the O projection with the "
+       "residual add (a phase 4/5 rewrite reverted by the gate)",
+       "the merged dispatch's intermediate buffers: which are refreshed per call", {Stage::OProj, Stage::AttnResidual},
+       nullptr, stale_intermediate},
       {"lm-head", "the LM head's logits wrong (phase 1 lm_head row)", "which matrix the head reads; tie_word_embeddings",
        {Stage::LmHead}, nullptr, lm_head},
       {"mapping-refused", "the target refused a mapping (npusim checker)", "the refusal's tile and numbers; the mapping's tiles",
@@ -761,6 +844,9 @@ const std::vector<DebugSkill>& debug_skills() {
       {"stop-set", "phase 6's stop-set row fails: generation would not stop on a declared end-of-sequence id",
        "tokenizer_config.json / generation_config.json / config.json eos ids; runtime/generate.cc stop_ids", {},
        stop_set_failed, stop_set},
+      {"dispatch-overhead", "a passing deployment on a modelled NPU whose passes are mostly dispatch overhead (advisory: "
+       "no gate fails)", "dispatches per layer in plan.md; the merge rows of perf_opt_traj.md", {},
+       [](const Failure& f) { return f.phase < 0; }, dispatch_overhead},
       {"audit-finding", "the independent evaluator (phase 7) failed the deployment", "evaluation_report.md; the named check",
        {}, [](const Failure& f) { return f.phase == 7; }, audit_findings},
   };

@@ -40,7 +40,8 @@ struct Diagnosis {
 };
 
 // What failed: the phase and its record (phaseN.json as deploy writes it), or the
-// evaluator's findings (phase 7: evaluation.json).
+// evaluator's findings (phase 7: evaluation.json). Phase -1: nothing failed; the advisory
+// skills (dispatch-overhead) look at a passing deployment.
 struct Failure {
   int phase = -1;
   nlohmann::json record;

@@ -4,12 +4,14 @@
 // reverted on failure) and measured (reverted unless its pass got strictly faster); every
 // step is logged in perf_opt_traj.md and in the phase's record (report.json).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <set>
 
+#include "pipeline/diagnose.h"
 #include "pipeline/phases.h"
 #include "targets/registry.h"
 #include "util/error.h"
@@ -122,6 +124,27 @@ void write_perf_trajectory(Deployment& dep) {
 
 namespace {
 
+// A rewrite the gate reverted broke the numbers in a way no earlier phase saw (the plans
+// phases 1-3 validated did not have it): the debug skills run on the rewritten plan, and
+// their diagnosis goes to issues.md and the step's record.
+std::vector<std::string> diagnose_rewrite(PhaseContext& ctx, const PlanRewrite& rw, const Gated& g, int phase_id) {
+  const nlohmann::json keep = ctx.plan();
+  ctx.use_plan(rw.plan);
+  nlohmann::json rows = nlohmann::json::array();
+  for (const GateResult& r : g.rows) rows.push_back(r.to_json());
+  ctx.progress(fmt::format("[phase {}] the gate reverted '{}': running the debug skills", phase_id, rw.what));
+  const std::vector<Diagnosis> ds = run_debug_skills(ctx, Failure{phase_id, {{"gates", rows}, {"details", nlohmann::json::object()}}});
+  ctx.use_plan(keep);
+  std::vector<std::string> causes;
+  for (const Diagnosis& d : ds)
+    for (const std::string& c : d.confirmed_causes())
+      if (std::find(causes.begin(), causes.end(), c) == causes.end()) causes.push_back(c);
+  ctx.dep.append_issue(phase_id, "rewrite reverted by the gate",
+                       fmt::format("Rewrite '{}' failed the phase-3 gate on {} and was reverted.\n\n{}", rw.what,
+                                   g.first_failure, diagnoses_markdown(ds)));
+  return causes;
+}
+
 PhaseOutcome optimize_pass(PhaseContext& ctx, Pass pass, int phase_id) {
   PhaseOutcome out;
   const TargetDef& def = target_def(ctx.opts.target);
@@ -152,6 +175,10 @@ PhaseOutcome optimize_pass(PhaseContext& ctx, Pass pass, int phase_id) {
   int tried = 0, kept = 0;
   const std::vector<OptSkill> none;
   for (const OptSkill& skill : def.skills ? def.skills() : none) {
+    if (skill.name == "merge" && cur->injected("merge-skipped")) {  // porting pitfall 14 on purpose
+      steps.push_back({{"skill", skill.name}, {"what", "not tried (--inject merge-skipped)"}, {"result", "skipped: injected fault"}});
+      continue;
+    }
     // Proposals are re-drawn from the current plan after every kept rewrite (a rewrite is a
     // whole plan: one drawn from an older plan would undo what was kept since).
     std::set<std::string> done;
@@ -198,6 +225,9 @@ PhaseOutcome optimize_pass(PhaseContext& ctx, Pass pass, int phase_id) {
       step["gate"] = g.pass ? "pass" : "FAIL";
       if (!g.pass) {
         step["result"] = "reverted: the phase-3 gate failed on " + g.first_failure;
+        const std::vector<std::string> causes = diagnose_rewrite(ctx, rw, g, phase_id);
+        step["named_causes"] = causes;
+        if (!causes.empty()) step["result"] = fmt::format("{} (named cause: {})", step["result"].get<std::string>(), fmt::join(causes, ", "));
         steps.push_back(step);
         continue;
       }

@@ -60,6 +60,7 @@ class PhaseContext {
   // A new runner exactly as target() is made (same plan, same faults), with no state
   // behind it: the debug skills' experiments start from a clean device.
   std::unique_ptr<StagedRunner> fresh_target() const { return make_runner(plan_); }
+  const nlohmann::json& plan() const { return plan_; }
   void progress(const std::string& line) const;
 
   // The oracle's per-layer outputs and last-position logits on a prompt, computed once per

@@ -62,7 +62,7 @@ class OracleRunner final : public ModelRunner {
 struct FaultInfo {
   std::string name;
   std::string kernel;       // the stage whose output the fault corrupts (what bisect must name)
-  int first_phase;          // the first phase whose gate must catch it
+  int first_phase;          // the first phase whose gate must catch it; -1: none (an advisory skill names it)
   std::string description;
 };
 // The cpu target's faults (= target_faults("cpu")), and one of them by name (throws naming

@@ -34,6 +34,9 @@ const std::vector<FaultInfo>& npusim_faults() {
        "the projection's weight is walked transposed by the DMA (a wrong n-D access pattern): wrong numbers"},
       {"stale-buffer", "mlp_norm", 1,
        "the norm's input fifo is marked resident, so later calls compute on the first call's activations"},
+      {"merge-skipped", "dispatch", -1,
+       "phases 4 and 5 never try the merge skill: every gate passes with one op per dispatch while the NPU's time goes to "
+       "dispatch overhead (porting pitfall 14: no gate fails; `tessera diagnose` names it)"},
       {"dma-channels", "qkv_proj", 1,
        "the projection's input is sent twice through column 0's shim tile: one more MM2S channel than the tile has"},
   };
