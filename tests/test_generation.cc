@@ -10,6 +10,7 @@
 #include "io/weights.h"
 #include "targets/target.h"
 #include "runtime/chat_session.h"
+#include "runtime/generate.h"
 #include "test_support.h"
 #include "tokenizer/tokenizer.h"
 
@@ -112,6 +113,25 @@ TEST(Generation, BadPromptsGiveClearMessages) {
   std::ofstream(f) << long_prompt;
   expect_clear_error("run --prompt \"$(cat " + f.string() + ")\" -n 1", "context of 8192");
   fs::remove(f);
+}
+
+// The stop set holds every end-of-sequence id the checkpoint declares: one that only
+// generation_config.json lists (as Qwen2.5 instruct's does) stops generation too.
+TEST(Generation, StopSetHoldsGenerationConfigIds) {
+  testing_support::ScratchDir out("stopset");
+  fs::copy(testing_support::tiny_model("SmolLM2-360M"), out.path() / "m", fs::copy_options::recursive);
+  const Model before = Model::open((out.path() / "m").string());
+  const Tokenizer tok = Tokenizer::for_model(before);
+  const int32_t extra = 7;  // an ordinary token no file declares
+  OracleRunner runner(before, 1);
+  const Generator plain(runner, tok);
+  ASSERT_FALSE(std::binary_search(plain.stop_ids().begin(), plain.stop_ids().end(), extra));
+  std::ofstream(out.path() / "m" / "generation_config.json") << R"({"eos_token_id": [2, 7]})";
+  const Model after = Model::open((out.path() / "m").string());
+  OracleRunner runner2(after, 1);
+  const Generator gen(runner2, tok);
+  EXPECT_TRUE(std::binary_search(gen.stop_ids().begin(), gen.stop_ids().end(), extra));
+  EXPECT_EQ(stop_ids(tok, after.spec()), gen.stop_ids());
 }
 
 }  // namespace

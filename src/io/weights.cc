@@ -170,18 +170,7 @@ Model Model::open(const std::string& path_in) {
     }
     // generation_config.json may declare more end-of-sequence ids than config.json does
     // (Qwen2.5 instruct: <|im_end|> and <|endoftext|>); generation stops on all of them.
-    if (const fs::path gen = path / "generation_config.json"; fs::exists(gen)) {
-      const nlohmann::json g = read_json_file(gen);
-      std::vector<int64_t> more;
-      if (const auto it = g.find("eos_token_id"); it != g.end()) {
-        if (it->is_number_integer()) more.push_back(it->get<int64_t>());
-        else if (it->is_array())
-          for (const auto& x : *it)
-            if (x.is_number_integer()) more.push_back(x.get<int64_t>());
-      }
-      for (const int64_t id : more)
-        if (std::find(m.spec_.eos_ids.begin(), m.spec_.eos_ids.end(), id) == m.spec_.eos_ids.end()) m.spec_.eos_ids.push_back(id);
-    }
+    if (const fs::path gen = path / "generation_config.json"; fs::exists(gen)) add_eos_ids(read_json_file(gen), m.spec_.eos_ids);
     for (const fs::path& f : safetensors_files(path)) {
       SafetensorsFile st = SafetensorsFile::open(f.string());
       for (const TensorInfo& t : st.tensors()) {

@@ -222,15 +222,20 @@ ModelSpec spec_from_hf_config(const json& c) {
   }
   if (c.contains("bos_token_id") && c["bos_token_id"].is_number_integer())
     s.bos_id = c["bos_token_id"].get<int64_t>();
-  if (c.contains("eos_token_id")) {
-    const json& e = c["eos_token_id"];
-    if (e.is_number_integer()) s.eos_ids.push_back(e.get<int64_t>());
-    else if (e.is_array())
-      for (const auto& x : e)
-        if (x.is_number_integer()) s.eos_ids.push_back(x.get<int64_t>());
-  }
+  add_eos_ids(c, s.eos_ids);
   s.validate();
   return s;
+}
+
+void add_eos_ids(const json& config, std::vector<int64_t>& ids) {
+  const auto it = config.find("eos_token_id");
+  if (it == config.end()) return;
+  auto add = [&](const json& x) {
+    if (x.is_number_integer() && std::find(ids.begin(), ids.end(), x.get<int64_t>()) == ids.end()) ids.push_back(x.get<int64_t>());
+  };
+  if (it->is_array())
+    for (const auto& x : *it) add(x);
+  else add(*it);
 }
 
 ModelSpec spec_from_gguf(const GgufFile& g) {

@@ -63,6 +63,9 @@ struct ModelSpec {
 // Throws tessera::Error with one line naming the missing field or unsupported feature
 // (MoE, sliding-window layers, MLA, unknown model_type, unknown rope scaling type).
 ModelSpec spec_from_hf_config(const nlohmann::json& config);
+// Appends the ids of a config's "eos_token_id" (an id or a list; config.json and
+// generation_config.json both use it) that `ids` does not hold yet.
+void add_eos_ids(const nlohmann::json& config, std::vector<int64_t>& ids);
 ModelSpec spec_from_gguf(const GgufFile& gguf);
 
 // The Hugging Face config.json that describes `spec` (used by `tessera synth`).
