@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "gates/gates.h"
 #include "model/tensors.h"
@@ -531,24 +532,25 @@ std::vector<Hypothesis> stale_intermediate(PhaseContext& ctx, const Failure&) {
   };
   const std::vector<float>& in1 = a.probe.at("embed");
   const std::vector<float>& in2 = a.probe.at("attn_residual");  // another input of the same shape
-  const std::string name = "a merged dispatch hands the residual add the previous call's O output (an intermediate not refreshed)";
-  Hypothesis best = not_applicable(name, "merged-stale-intermediate", "the target's forward pass does not expose o_proj and attn_residual");
+  std::vector<Hypothesis> out;
   for (const int64_t T : {a.T, int64_t(1)}) {
+    const std::string name = fmt::format("{}: a merged dispatch hands the residual add the previous call's O output (an "
+                                         "intermediate not refreshed)", T == 1 ? "decode steps" : "prefill calls");
     const int64_t off = (a.T - T) * H;
     auto p1 = run(in1.data() + off, T), p2 = run(in2.data() + off, T);
-    if (!p1.count("o_proj") || !p2.count("attn_residual")) break;
+    if (!p1.count("o_proj") || !p2.count("attn_residual")) {
+      out.push_back(not_applicable(name, "merged-stale-intermediate", "the forward pass exposes no o_proj and attn_residual"));
+      continue;
+    }
     std::vector<float> correct(size_t(T * H)), stale(size_t(T * H));
     for (int64_t i = 0; i < T * H; ++i) {
       correct[size_t(i)] = in2[size_t(off + i)] + p2["o_proj"][size_t(i)];
       stale[size_t(i)] = in2[size_t(off + i)] + p1["o_proj"][size_t(i)];
     }
-    Hypothesis h = judge(name, "merged-stale-intermediate", p2["attn_residual"], stale, correct);
-    h.evidence = fmt::format("{}: ", T == 1 ? "decode steps" : "prefill calls") + h.evidence;
-    if (best.verdict == "not applicable" || h.verdict == "confirmed" || (best.verdict != "confirmed" && h.verdict == "ruled out")) best = h;
-    if (best.verdict == "confirmed") break;
+    out.push_back(judge(name, "merged-stale-intermediate", p2["attn_residual"], stale, correct));
   }
   t->reset();
-  return {best};
+  return out;
 }
 
 // ---- S9: the LM head ------------------------------------------------------------------------
@@ -572,8 +574,6 @@ std::vector<Hypothesis> lm_head(PhaseContext& ctx, const Failure&) {
                        "target's logits with the tied product {:.3f} (unrelated below 0.1)",
                        r)}};
 }
-
-// ---- S7: a refused mapping ------------------------------------------------------------------
 
 // ---- S12: the prompt ids (porting-pitfalls row 12) ------------------------------------------
 
@@ -606,31 +606,33 @@ std::vector<Hypothesis> prompt_ids(PhaseContext& ctx, const Failure& f) {
     pre.evidence = "no transformers fixture matches this checkpoint";
   } else {
     const nlohmann::json fx = read_json_file(std::filesystem::path(ref["fixture"].get<std::string>()) / "fixture.json");
-    int64_t differing = 0;
-    for (const auto& p : fx["prompts"]) {
-      const std::vector<int32_t> ours = tok.encode(p["text"].get<std::string>()), theirs = p["ids"].get<std::vector<int32_t>>();
-      if (ours == theirs) continue;
+    const std::vector<TokenizedDifferently> diff = tokenized_differently(tok, fx);
+    if (!diff.empty()) {
+      const std::vector<int32_t>&ours = diff[0].ours, &theirs = diff[0].theirs;
       size_t i = 0;
       while (i < ours.size() && i < theirs.size() && ours[i] == theirs[i]) ++i;
-      if (differing++ == 0)
-        pre.evidence = fmt::format("first difference at id {}: tessera {} \"{}\", transformers {} \"{}\"; ", i,
-                                   i < ours.size() ? std::to_string(ours[i]) : "-", i < ours.size() ? tok.token_string(ours[i]) : "",
-                                   i < theirs.size() ? std::to_string(theirs[i]) : "-",
-                                   i < theirs.size() && theirs[i] < tok.vocab_size() ? tok.token_string(theirs[i]) : "");
+      pre.evidence = fmt::format("first difference at id {}: tessera {} \"{}\", transformers {} \"{}\"; ", i,
+                                 i < ours.size() ? std::to_string(ours[i]) : "-", i < ours.size() ? tok.token_string(ours[i]) : "",
+                                 i < theirs.size() ? std::to_string(theirs[i]) : "-",
+                                 i < theirs.size() && theirs[i] < tok.vocab_size() ? tok.token_string(theirs[i]) : "");
     }
-    pre.evidence += fmt::format("{} of {} fixture texts tokenized differently", differing, fx["prompts"].size());
-    pre.verdict = differing > 0 ? "confirmed" : "ruled out";
+    pre.evidence += fmt::format("{} of {} fixture texts tokenized differently", diff.size(), fx["prompts"].size());
+    pre.verdict = diff.empty() ? "ruled out" : "confirmed";
   }
   out.push_back(pre);
   return out;
 }
 
-bool prompt_ids_failed(const Failure& f) {
-  if (f.phase != 0 || !f.record.is_object()) return false;
+// The gates of the record's failing rows ("phase0.prompt_ids", "phase6.stop_set", ...).
+std::set<std::string> failed_gates(const Failure& f) {
+  std::set<std::string> out;
+  if (!f.record.is_object()) return out;
   for (const auto& g : f.record.value("gates", nlohmann::json::array()))
-    if (!g.value("pass", true) && g.value("gate", "") == "phase0.prompt_ids") return true;
-  return false;
+    if (!g.value("pass", true)) out.insert(g.value("gate", ""));
+  return out;
 }
+
+bool prompt_ids_failed(const Failure& f) { return f.phase == 0 && failed_gates(f).count("phase0.prompt_ids"); }
 
 // ---- S14: dispatch overhead (porting-pitfalls row 14; advisory) ----------------------------
 
@@ -645,8 +647,8 @@ std::vector<Hypothesis> dispatch_overhead(PhaseContext& ctx, const Failure&) {
   if (def.skills)
     for (const OptSkill& s : def.skills())
       if (s.name == "merge") merge = &s;
-  std::unique_ptr<StagedRunner> cur = ctx.fresh_target();
   if (!merge) return {not_applicable(h.name, h.cause, "the target has no merge skill")};
+  std::unique_ptr<StagedRunner> cur = ctx.fresh_target();
   const double min_gain = gates::threshold("diagnose.dispatch_gain_min");
   for (const Pass pass : {Pass::Prefill, Pass::Decode}) {
     const PassFigure before = cur->measure(pass);
@@ -699,19 +701,18 @@ std::vector<Hypothesis> stop_set(PhaseContext& ctx, const Failure&) {
   return out;
 }
 
-bool stop_set_failed(const Failure& f) {
-  if (!f.record.is_object()) return false;
-  const nlohmann::json d = f.record.value("details", nlohmann::json::object());
-  return d.contains("stop_set") && !d["stop_set"].value("missing", nlohmann::json::array()).empty();
-}
+bool stop_set_failed(const Failure& f) { return failed_gates(f).count("phase6.stop_set") > 0; }
 
-// Whether a failing gate row measures the numbers (every gate but the stop-set check does).
+// Whether the failure is in the numbers: any failing row but the stop-set check (every gate
+// but that one measures them).
 bool numbers_failed(const Failure& f) {
   if (!f.record.is_object()) return false;
-  for (const auto& g : f.record.value("gates", nlohmann::json::array()))
-    if (!g.value("pass", true) && g.value("gate", "") != "phase6.stop_set") return true;
-  return !stop_set_failed(f);
+  std::set<std::string> g = failed_gates(f);
+  g.erase("phase6.stop_set");
+  return !g.empty() || !stop_set_failed(f);
 }
+
+// ---- S7: a refused mapping ------------------------------------------------------------------
 
 std::vector<Hypothesis> refusal(PhaseContext&, const Failure& f) {
   const std::string text = f.record.at("details").value("refused", "");

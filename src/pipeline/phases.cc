@@ -321,21 +321,15 @@ PhaseOutcome run_phase0_oracle(PhaseContext& ctx) {
     out.gates.push_back(g);
     out.details["prompt_ids"] = leading;
     if (match) {
-      int64_t differing = 0;
-      std::string first;
-      for (const auto& prompt : match->fixture["prompts"]) {
-        const std::string text = prompt["text"].get<std::string>();
-        const std::vector<int32_t> ours = tok.encode(text), theirs = prompt["ids"].get<std::vector<int32_t>>();
-        if (ours == theirs) continue;
-        ++differing;
-        if (first.empty()) first = fmt::format("\"{}\": tessera [{}], transformers [{}]", text, fmt::join(ours, ","), fmt::join(theirs, ","));
-      }
+      const std::vector<TokenizedDifferently> diff = tokenized_differently(tok, match->fixture);
       GateResult t;
       t.gate = "phase0.prompt_ids";
       t.subject = fmt::format("tokenizer vs transformers fixture {} ({} texts)", match->dir.filename().string(),
                               match->fixture["prompts"].size());
-      t.require_fixed("texts_tokenized_differently", double(differing), "==", 0);
-      t.note = first;
+      t.require_fixed("texts_tokenized_differently", double(diff.size()), "==", 0);
+      if (!diff.empty())
+        t.note = fmt::format("\"{}\": tessera [{}], transformers [{}]", diff[0].text, fmt::join(diff[0].ours, ","),
+                             fmt::join(diff[0].theirs, ","));
       out.gates.push_back(t);
     }
   }
@@ -855,6 +849,16 @@ std::vector<DeclaredEos> declared_eos_ids(const Model& model, const Tokenizer& t
       if (const std::optional<int32_t> id = text.empty() ? std::nullopt : tok.token_id(text))
         add(*id, fmt::format("tokenizer_config.json eos_token {}", text));
     }
+  }
+  return out;
+}
+
+std::vector<TokenizedDifferently> tokenized_differently(const Tokenizer& tok, const nlohmann::json& fixture) {
+  std::vector<TokenizedDifferently> out;
+  for (const auto& p : fixture.at("prompts")) {
+    TokenizedDifferently d{p.at("text").get<std::string>(), {}, p.at("ids").get<std::vector<int32_t>>()};
+    d.ours = tok.encode(d.text);
+    if (d.ours != d.theirs) out.push_back(std::move(d));
   }
   return out;
 }

@@ -112,6 +112,14 @@ struct DeclaredEos {
 };
 std::vector<DeclaredEos> declared_eos_ids(const Model& model, const Tokenizer& tok);
 
+// The texts of a transformers fixture (fixture.json) that `tok` encodes differently from
+// the fixture's ids: phase 0's tokenizer row and the prompt-ids skill.
+struct TokenizedDifferently {
+  std::string text;
+  std::vector<int32_t> ours, theirs;
+};
+std::vector<TokenizedDifferently> tokenized_differently(const Tokenizer& tok, const nlohmann::json& fixture);
+
 PhaseOutcome run_phase0_oracle(PhaseContext& ctx);
 PhaseOutcome run_phase1_kernels(PhaseContext& ctx);
 PhaseOutcome run_phase2_block(PhaseContext& ctx);

@@ -55,7 +55,7 @@ void fusion_from_plan(const nlohmann::json& plan, CpuOptions& o) {
     if (k.contains("gemm_blocking")) {
       o.blocking.kc = k["gemm_blocking"].at("kc").get<int64_t>();
       o.blocking.tc = k["gemm_blocking"].at("tc").get<int64_t>();
-      if (o.blocking.kc < 32 || o.blocking.kc % 32 || o.blocking.tc < 1)
+      if (!o.blocking.valid())
         fail("cpu plan: GEMM blocking kc {} must be a positive multiple of 32 and tc {} positive", o.blocking.kc,
              o.blocking.tc);
     }

@@ -87,7 +87,7 @@ void set_isa(const std::string& name) {
 // ---------------------------------------------------------------- element-wise kernels
 void matmul(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool,
             const GemmBlocking& blocking) {
-  if (blocking.kc < 32 || blocking.kc % 32 || blocking.tc < 1)
+  if (!blocking.valid())
     fail("matmul: cache blocking kc {} (a positive multiple of 32) and tc {} (positive)", blocking.kc, blocking.tc);
   if (T <= 0 || w.rows <= 0) return;
   if (w.cols <= 0) {

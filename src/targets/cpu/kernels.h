@@ -56,6 +56,7 @@ using Bf16Matrix = ::tessera::Bf16Matrix;  // targets/bf16_weights.h
 struct GemmBlocking {
   int64_t kc = 256;
   int64_t tc = 512;
+  bool valid() const { return kc >= 32 && kc % 32 == 0 && tc >= 1; }
 };
 
 // y[T, N] = x[T, K] . W[N, K]^T (+ bias[N]); T == 1 is the decode GEMV.
