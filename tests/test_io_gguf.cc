@@ -16,6 +16,7 @@
 #include "io/gguf_writer.h"
 #include "util/error.h"
 #include "util/mapped_file.h"
+#include "test_support.h"
 
 namespace tessera {
 namespace {
@@ -23,23 +24,13 @@ namespace {
 namespace fs = std::filesystem;
 using Type = GgufValue::Type;
 
-class TempFile {
- public:
-  TempFile() {
-    static std::atomic<int> counter{0};
-    path_ = (fs::path(testing::TempDir()) / ("tessera_gguf_" + std::to_string(getpid()) + "_" +
-                                             std::to_string(counter++) + ".gguf"))
-                .string();
-  }
-  ~TempFile() {
-    std::error_code ec;
-    fs::remove(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+struct GgufTemp : testing_support::TempFile {
+  GgufTemp() : TempFile(".gguf") {}
 };
+void expect_gguf_error(const std::string& path, const std::string& needle) {
+  testing_support::expect_open_error([](const std::string& p) { GgufFile::open(p); }, path, needle);
+}
+std::vector<uint8_t> gguf_bytes(size_t n, uint8_t seed) { return testing_support::byte_pattern(n, seed, 31); }
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -71,31 +62,13 @@ size_t find_in_file(const std::string& path, const std::string& s) {
   return size_t(it - b.begin());
 }
 
-void expect_open_error(const std::string& path, const std::string& needle) {
-  try {
-    GgufFile::open(path);
-    ADD_FAILURE() << "expected an error containing '" << needle << "'";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
-    EXPECT_NE(msg.find(path), std::string::npos) << msg;
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-  }
-}
-
-std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
-  std::vector<uint8_t> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = uint8_t(seed + i * 31);
-  return v;
-}
-
 // A small valid file: one string key and one F32 tensor [2, 4].
 constexpr uint64_t kHeaderBytes = 24;  // magic, version, tensor count, kv count
 void write_small(const std::string& path) {
   GgufWriter w(path);
   w.add_string("general.name", "tiny model");
   w.add_tensor("blk.0.attn_q.weight", DType::F32, {2, 4});
-  const auto data = pattern(32, 7);
+  const auto data = gguf_bytes(32, 7);
   w.write("blk.0.attn_q.weight", data.data(), data.size());
   w.close();
 }
@@ -112,7 +85,7 @@ struct TensorCase {
 };
 
 TEST(Gguf, RoundTrip) {
-  TempFile tmp;
+  GgufTemp tmp;
   const std::vector<TensorCase> cases = {
       {"f32", DType::F32, {3, 5}},      {"f16", DType::F16, {7}},
       {"bf16", DType::BF16, {2, 3, 4}}, {"q8_0", DType::Q8_0, {3, 64}},
@@ -144,7 +117,7 @@ TEST(Gguf, RoundTrip) {
       w.add_tensor(cases[i].name, cases[i].dtype, cases[i].shape);
       int64_t n = 1;
       for (int64_t d : cases[i].shape) n *= d;
-      data.push_back(pattern(dtype_bytes(cases[i].dtype, n), uint8_t(i)));
+      data.push_back(gguf_bytes(dtype_bytes(cases[i].dtype, n), uint8_t(i)));
     }
     for (size_t i = 0; i < cases.size(); ++i) {
       w.write(cases[i].name, data[i].data(), data[i].size());
@@ -199,11 +172,11 @@ TEST(Gguf, RoundTrip) {
 }
 
 TEST(Gguf, DimsAreStoredInnermostFirst) {
-  TempFile tmp;
+  GgufTemp tmp;
   {
     GgufWriter w(tmp.path());
     w.add_tensor("w", DType::F16, {3, 5, 7});
-    const auto d = pattern(3 * 5 * 7 * 2, 0);
+    const auto d = gguf_bytes(3 * 5 * 7 * 2, 0);
     w.write("w", d.data(), d.size());
     w.close();
   }
@@ -221,7 +194,7 @@ TEST(Gguf, DimsAreStoredInnermostFirst) {
 }
 
 TEST(Gguf, Version2IsRead) {
-  TempFile tmp;
+  GgufTemp tmp;
   write_small(tmp.path());
   patch<uint32_t>(tmp.path(), 4, 2);
   const GgufFile g = GgufFile::open(tmp.path());
@@ -230,7 +203,7 @@ TEST(Gguf, Version2IsRead) {
 }
 
 TEST(Gguf, MetadataAccessErrors) {
-  TempFile tmp;
+  GgufTemp tmp;
   write_small(tmp.path());
   const GgufFile g = GgufFile::open(tmp.path());
   EXPECT_EQ(g.find("nope"), nullptr);
@@ -251,7 +224,7 @@ TEST(Gguf, MetadataAccessErrors) {
 }
 
 TEST(Gguf, WriterChecks) {
-  TempFile tmp;
+  GgufTemp tmp;
   {
     GgufWriter w(tmp.path());
     w.add_u32("a", 1);
@@ -280,8 +253,8 @@ TEST(Gguf, WriterChecks) {
 }
 
 TEST(Gguf, WritesTensorsInParts) {
-  TempFile tmp;
-  const auto bytes = pattern(68 + 6, 9);
+  GgufTemp tmp;
+  const auto bytes = gguf_bytes(68 + 6, 9);
   {
     GgufWriter w(tmp.path());
     w.add_tensor("q", DType::Q8_0, {2, 32});
@@ -300,7 +273,7 @@ TEST(Gguf, WritesTensorsInParts) {
 }
 
 TEST(Gguf, CopiesMetadataValues) {
-  TempFile src, dst;
+  GgufTemp src, dst;
   {
     GgufWriter w(src.path());
     w.add_i16("x", -7);
@@ -324,54 +297,54 @@ TEST(Gguf, CopiesMetadataValues) {
 }
 
 TEST(Gguf, WrongMagic) {
-  TempFile tmp;
+  GgufTemp tmp;
   write_small(tmp.path());
   patch<uint32_t>(tmp.path(), 0, 0x46554747u + 0x01000000u);  // "GGUG"
-  expect_open_error(tmp.path(), "not a GGUF file (starts with 'GGUG'");
+  expect_gguf_error(tmp.path(), "not a GGUF file (starts with 'GGUG'");
   write_bytes(tmp.path(), {'G', 'G'});
-  expect_open_error(tmp.path(), "too short");
+  expect_gguf_error(tmp.path(), "too short");
   write_bytes(tmp.path(), {});
-  expect_open_error(tmp.path(), "too short");
+  expect_gguf_error(tmp.path(), "too short");
 }
 
 TEST(Gguf, UnsupportedVersion) {
-  TempFile tmp;
+  GgufTemp tmp;
   write_small(tmp.path());
   patch<uint32_t>(tmp.path(), 4, 1);
-  expect_open_error(tmp.path(), "unsupported GGUF version 1");
+  expect_gguf_error(tmp.path(), "unsupported GGUF version 1");
   patch<uint32_t>(tmp.path(), 4, 4);
-  expect_open_error(tmp.path(), "unsupported GGUF version 4");
+  expect_gguf_error(tmp.path(), "unsupported GGUF version 4");
   patch<uint32_t>(tmp.path(), 4, 0x03000000u);
-  expect_open_error(tmp.path(), "big-endian");
+  expect_gguf_error(tmp.path(), "big-endian");
 }
 
 TEST(Gguf, CountsLargerThanTheFile) {
-  TempFile tmp;
+  GgufTemp tmp;
   write_small(tmp.path());
   patch<uint64_t>(tmp.path(), 8, 1000000);
-  expect_open_error(tmp.path(), "tensor count 1000000 is larger than the file could hold");
+  expect_gguf_error(tmp.path(), "tensor count 1000000 is larger than the file could hold");
   patch<uint64_t>(tmp.path(), 8, ~uint64_t(0));
-  expect_open_error(tmp.path(), "tensor count");
+  expect_gguf_error(tmp.path(), "tensor count");
   write_small(tmp.path());
   patch<uint64_t>(tmp.path(), 16, uint64_t(1) << 62);
-  expect_open_error(tmp.path(), "metadata count");
+  expect_gguf_error(tmp.path(), "metadata count");
 }
 
 TEST(Gguf, HeaderTruncated) {
-  TempFile tmp;
+  GgufTemp tmp;
   write_bytes(tmp.path(), {'G', 'G', 'U', 'F', 3, 0, 0, 0, 1, 0});
-  expect_open_error(tmp.path(), "runs past the end of the file");
+  expect_gguf_error(tmp.path(), "runs past the end of the file");
 }
 
 TEST(Gguf, TruncatedString) {
-  TempFile tmp;
+  GgufTemp tmp;
   {
     GgufWriter w(tmp.path());
     w.add_string("general.name", "a name that the file will not finish");
     w.close();
   }
   truncate_by(tmp.path(), 10);
-  expect_open_error(tmp.path(), "metadata 'general.name' runs past the end of the file");
+  expect_gguf_error(tmp.path(), "metadata 'general.name' runs past the end of the file");
 
   // A string length far beyond the file.
   {
@@ -381,15 +354,15 @@ TEST(Gguf, TruncatedString) {
   }
   const size_t len_at = find_in_file(tmp.path(), "general.name") + 12 + 4;
   patch<uint64_t>(tmp.path(), len_at, uint64_t(1) << 60);
-  expect_open_error(tmp.path(), "metadata 'general.name' runs past the end of the file");
+  expect_gguf_error(tmp.path(), "metadata 'general.name' runs past the end of the file");
 
   // A key length far beyond the file.
   patch<uint64_t>(tmp.path(), kHeaderBytes, uint64_t(1) << 40);
-  expect_open_error(tmp.path(), "metadata key 0");
+  expect_gguf_error(tmp.path(), "metadata key 0");
 }
 
 TEST(Gguf, AbsurdArrayCount) {
-  TempFile tmp;
+  GgufTemp tmp;
   {
     GgufWriter w(tmp.path());
     w.add_array("tokenizer.ggml.tokens", std::vector<std::string>{"a", "b"});
@@ -397,56 +370,56 @@ TEST(Gguf, AbsurdArrayCount) {
   }
   const size_t count_at = find_in_file(tmp.path(), "tokenizer.ggml.tokens") + 21 + 4 + 4;
   patch<uint64_t>(tmp.path(), count_at, uint64_t(1) << 61);
-  expect_open_error(tmp.path(), "claims 2305843009213693952 array elements");
+  expect_gguf_error(tmp.path(), "claims 2305843009213693952 array elements");
   // Nested arrays are refused by name.
   patch<uint32_t>(tmp.path(), count_at - 4, 9);
-  expect_open_error(tmp.path(), "nested array");
+  expect_gguf_error(tmp.path(), "nested array");
   patch<uint32_t>(tmp.path(), count_at - 4, 77);
-  expect_open_error(tmp.path(), "array of unknown value type 77");
+  expect_gguf_error(tmp.path(), "array of unknown value type 77");
 }
 
 TEST(Gguf, UnknownValueType) {
-  TempFile tmp;
+  GgufTemp tmp;
   write_small(tmp.path());
   patch<uint32_t>(tmp.path(), find_in_file(tmp.path(), "general.name") + 12, 13);
-  expect_open_error(tmp.path(), "metadata 'general.name' has unknown value type 13");
+  expect_gguf_error(tmp.path(), "metadata 'general.name' has unknown value type 13");
 }
 
 TEST(Gguf, TensorDataPastTheEnd) {
-  TempFile tmp;
+  GgufTemp tmp;
   write_small(tmp.path());
   truncate_by(tmp.path(), 1);
-  expect_open_error(tmp.path(),
+  expect_gguf_error(tmp.path(),
                     "tensor 'blk.0.attn_q.weight' data (offset 0, 32 bytes) runs past "
                     "the end of the file");
 
   write_small(tmp.path());
   patch<uint64_t>(tmp.path(), tensor_offset_field(tmp.path(), "blk.0.attn_q.weight", 2),
                   uint64_t(1) << 20);
-  expect_open_error(tmp.path(), "runs past the end of the file");
+  expect_gguf_error(tmp.path(), "runs past the end of the file");
   // Large enough to wrap around if offset + size were computed naively.
   patch<uint64_t>(tmp.path(), tensor_offset_field(tmp.path(), "blk.0.attn_q.weight", 2),
                   ~uint64_t(31));
-  expect_open_error(tmp.path(), "runs past the end of the file");
+  expect_gguf_error(tmp.path(), "runs past the end of the file");
 }
 
 TEST(Gguf, UnalignedTensorOffset) {
-  TempFile tmp;
+  GgufTemp tmp;
   write_small(tmp.path());
   patch<uint64_t>(tmp.path(), tensor_offset_field(tmp.path(), "blk.0.attn_q.weight", 2), 4);
-  expect_open_error(tmp.path(), "offset 4 is not a multiple of the alignment 32");
+  expect_gguf_error(tmp.path(), "offset 4 is not a multiple of the alignment 32");
 }
 
 TEST(Gguf, UnknownQuantizationType) {
-  TempFile tmp;
+  GgufTemp tmp;
   {
     GgufWriter w(tmp.path());
     w.add_tensor_raw("blk.0.ffn_down.weight", 12, {2, 256}, 288);  // q4_K
-    const auto d = pattern(288, 0);
+    const auto d = gguf_bytes(288, 0);
     w.write("blk.0.ffn_down.weight", d.data(), d.size());
     w.close();
   }
-  expect_open_error(tmp.path(),
+  expect_gguf_error(tmp.path(),
                     "tensor 'blk.0.ffn_down.weight' has unknown or unsupported tensor type 12 "
                     "(q4_K)");
   {
@@ -455,49 +428,49 @@ TEST(Gguf, UnknownQuantizationType) {
     w.write("x", "abcd", 4);
     w.close();
   }
-  expect_open_error(tmp.path(), "unknown or unsupported tensor type 999;");
+  expect_gguf_error(tmp.path(), "unknown or unsupported tensor type 999;");
 }
 
 TEST(Gguf, PartialQuantBlock) {
-  TempFile tmp;
+  GgufTemp tmp;
   {
     GgufWriter w(tmp.path());
     w.add_tensor_raw("q", 8, {2, 16}, 68);  // q8_0 with rows of 16 values
-    const auto d = pattern(68, 0);
+    const auto d = gguf_bytes(68, 0);
     w.write("q", d.data(), d.size());
     w.close();
   }
-  expect_open_error(tmp.path(), "inner dimension 16, not a multiple of its block size 32");
+  expect_gguf_error(tmp.path(), "inner dimension 16, not a multiple of its block size 32");
 }
 
 TEST(Gguf, TooManyDimensions) {
-  TempFile tmp;
+  GgufTemp tmp;
   {
     GgufWriter w(tmp.path());
     w.add_tensor_raw("x", 0, {1, 1, 1, 1, 1}, 4);
     w.write("x", "abcd", 4);
     w.close();
   }
-  expect_open_error(tmp.path(), "5 dimensions");
+  expect_gguf_error(tmp.path(), "5 dimensions");
 }
 
 TEST(Gguf, OverlappingTensors) {
-  TempFile tmp;
+  GgufTemp tmp;
   {
     GgufWriter w(tmp.path());
     w.add_tensor("a", DType::F32, {16});
     w.add_tensor("b", DType::F32, {8});
-    const auto d = pattern(64, 0);
+    const auto d = gguf_bytes(64, 0);
     w.write("a", d.data(), 64);
     w.write("b", d.data(), 32);
     w.close();
   }
   patch<uint64_t>(tmp.path(), tensor_offset_field(tmp.path(), "b", 1), 32);
-  expect_open_error(tmp.path(), "tensors 'a' and 'b' overlap");
+  expect_gguf_error(tmp.path(), "tensors 'a' and 'b' overlap");
 }
 
 TEST(Gguf, BadAlignment) {
-  TempFile tmp;
+  GgufTemp tmp;
   {
     GgufWriter w(tmp.path());
     w.add_u32("general.alignment", 64);
@@ -505,13 +478,13 @@ TEST(Gguf, BadAlignment) {
   }
   const size_t at = find_in_file(tmp.path(), "general.alignment") + 17 + 4;
   patch<uint32_t>(tmp.path(), at, 48);
-  expect_open_error(tmp.path(), "general.alignment must be a power of two");
+  expect_gguf_error(tmp.path(), "general.alignment must be a power of two");
   patch<uint32_t>(tmp.path(), at, 0);
-  expect_open_error(tmp.path(), "general.alignment must be a power of two");
+  expect_gguf_error(tmp.path(), "general.alignment must be a power of two");
 }
 
 TEST(Gguf, DuplicateNames) {
-  TempFile tmp;
+  GgufTemp tmp;
   {
     GgufWriter w(tmp.path());
     w.add_u8("aa", 1);
@@ -523,13 +496,13 @@ TEST(Gguf, DuplicateNames) {
     w.close();
   }
   patch<uint8_t>(tmp.path(), find_in_file(tmp.path(), "ab") + 1, 'a');
-  expect_open_error(tmp.path(), "metadata key 'aa' appears twice");
+  expect_gguf_error(tmp.path(), "metadata key 'aa' appears twice");
 }
 
 // Random byte flips and truncations of a valid file: each one opens or is refused with a
 // tessera::Error, never a crash (run under ASan/UBSan to catch stray reads).
 TEST(Gguf, SurvivesRandomCorruption) {
-  TempFile tmp;
+  GgufTemp tmp;
   {
     GgufWriter w(tmp.path());
     w.add_string("general.name", "fuzz");
@@ -538,7 +511,7 @@ TEST(Gguf, SurvivesRandomCorruption) {
     w.add_u32("llama.block_count", 2);
     w.add_tensor("q", DType::Q4_1, {2, 32});
     w.add_tensor("f", DType::F16, {3});
-    const auto d = pattern(40, 3);
+    const auto d = gguf_bytes(40, 3);
     w.write("q", d.data(), 40);
     w.write("f", d.data(), 6);
     w.close();

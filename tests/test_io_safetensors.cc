@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "test_support.h"
 #include "util/error.h"
 
 namespace tessera {
@@ -18,24 +19,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A unique file path under the test temp dir, removed when the test ends.
-class TempFile {
- public:
-  TempFile() {
-    static std::atomic<int> counter{0};
-    path_ = (fs::path(testing::TempDir()) / ("tessera_st_" + std::to_string(getpid()) + "_" +
-                                             std::to_string(counter++) + ".safetensors"))
-                .string();
-  }
-  ~TempFile() {
-    std::error_code ec;
-    fs::remove(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+struct StTemp : testing_support::TempFile {
+  StTemp() : TempFile(".safetensors") {}
 };
+// Opening `path` must fail with one line naming the file and containing `needle`.
+void expect_st_error(const std::string& path, const std::string& needle) {
+  testing_support::expect_open_error([](const std::string& p) { SafetensorsFile::open(p); }, path, needle);
+}
+std::vector<uint8_t> st_bytes(size_t n, uint8_t seed) { return testing_support::byte_pattern(n, seed, 37); }
 
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
@@ -55,27 +46,8 @@ void write_raw(const std::string& path, const std::string& header, size_t data_b
   write_file(path, out);
 }
 
-// Opening `path` must fail with one line naming the file and containing `needle`.
-void expect_open_error(const std::string& path, const std::string& needle) {
-  try {
-    SafetensorsFile::open(path);
-    ADD_FAILURE() << "expected an error containing '" << needle << "'";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
-    EXPECT_NE(msg.find(path), std::string::npos) << msg;
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-  }
-}
-
-std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
-  std::vector<uint8_t> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = uint8_t(seed + i * 37);
-  return v;
-}
-
 TEST(Safetensors, RoundTrip) {
-  TempFile tmp;
+  StTemp tmp;
   const std::vector<SafetensorsWriter::Entry> entries = {
       {"model.embed_tokens.weight", DType::BF16, {4, 3}},
       {"model.norm.weight", DType::F32, {3}},
@@ -84,7 +56,7 @@ TEST(Safetensors, RoundTrip) {
       {"empty", DType::F16, {0, 5}},
   };
   const std::vector<std::vector<uint8_t>> data = {
-      pattern(24, 1), pattern(12, 2), pattern(24, 3), pattern(4, 4), {}};
+      st_bytes(24, 1), st_bytes(12, 2), st_bytes(24, 3), st_bytes(4, 4), {}};
   {
     SafetensorsWriter w(tmp.path(), entries, {{"format", "pt"}, {"note", "héllo"}});
     for (size_t i = 0; i < entries.size(); ++i) {
@@ -124,8 +96,8 @@ TEST(Safetensors, RoundTrip) {
 }
 
 TEST(Safetensors, TensorsOutliveTheFileObject) {
-  TempFile tmp;
-  const auto bytes = pattern(8, 9);
+  StTemp tmp;
+  const auto bytes = st_bytes(8, 9);
   {
     SafetensorsWriter w(tmp.path(), {{"w", DType::F32, {2}}});
     w.write("w", bytes.data(), bytes.size());
@@ -136,8 +108,8 @@ TEST(Safetensors, TensorsOutliveTheFileObject) {
 }
 
 TEST(Safetensors, WriterChecksOrderAndSizes) {
-  TempFile tmp;
-  const auto bytes = pattern(16, 0);
+  StTemp tmp;
+  const auto bytes = st_bytes(16, 0);
   {
     SafetensorsWriter w(tmp.path(), {{"a", DType::F32, {2}}, {"b", DType::F16, {4}}});
     EXPECT_THROW(w.write("b", bytes.data(), 8), Error);   // out of order
@@ -154,8 +126,8 @@ TEST(Safetensors, WriterChecksOrderAndSizes) {
 }
 
 TEST(Safetensors, WritesTensorsInParts) {
-  TempFile tmp;
-  const auto bytes = pattern(40, 5);
+  StTemp tmp;
+  const auto bytes = st_bytes(40, 5);
   {
     SafetensorsWriter w(tmp.path(), {{"a", DType::F32, {2, 4}}, {"b", DType::F16, {4}}});
     w.write_part("a", bytes.data(), 12);
@@ -173,111 +145,111 @@ TEST(Safetensors, WritesTensorsInParts) {
 }
 
 TEST(Safetensors, TruncatedFile) {
-  TempFile tmp;
+  StTemp tmp;
   write_file(tmp.path(), "");
-  expect_open_error(tmp.path(), "too short");
+  expect_st_error(tmp.path(), "too short");
   write_file(tmp.path(), std::string("\x10\0\0", 3));
-  expect_open_error(tmp.path(), "too short");
+  expect_st_error(tmp.path(), "too short");
 }
 
 TEST(Safetensors, HeaderLengthPastEnd) {
-  TempFile tmp;
+  StTemp tmp;
   std::string bytes(8, '\0');
   bytes[0] = char(200);
   bytes += "{}";
   write_file(tmp.path(), bytes);
-  expect_open_error(tmp.path(), "header length 200 runs past the end");
+  expect_st_error(tmp.path(), "header length 200 runs past the end");
   bytes.assign(8, '\xff');  // 2^64 - 1: must not wrap around
   write_file(tmp.path(), bytes);
-  expect_open_error(tmp.path(), "runs past the end");
+  expect_st_error(tmp.path(), "runs past the end");
 }
 
 TEST(Safetensors, HeaderNotJson) {
-  TempFile tmp;
+  StTemp tmp;
   write_raw(tmp.path(), "{\"a\": {\"dtype\": ", 0);
-  expect_open_error(tmp.path(), "not valid JSON");
+  expect_st_error(tmp.path(), "not valid JSON");
   write_raw(tmp.path(), "\xff\xfe garbage", 0);
-  expect_open_error(tmp.path(), "not valid JSON");
+  expect_st_error(tmp.path(), "not valid JSON");
   write_raw(tmp.path(), "[1, 2]", 0);
-  expect_open_error(tmp.path(), "not a JSON object");
+  expect_st_error(tmp.path(), "not a JSON object");
 }
 
 TEST(Safetensors, EmptyHeaderIsValid) {
-  TempFile tmp;
+  StTemp tmp;
   write_raw(tmp.path(), "{}      ", 0);
   const SafetensorsFile st = SafetensorsFile::open(tmp.path());
   EXPECT_TRUE(st.tensors().empty());
 }
 
 TEST(Safetensors, UnknownAndUnsupportedDtypes) {
-  TempFile tmp;
+  StTemp tmp;
   write_raw(tmp.path(), R"({"t": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})", 8);
-  expect_open_error(tmp.path(), "dtype I64, which tessera does not support");
+  expect_st_error(tmp.path(), "dtype I64, which tessera does not support");
   write_raw(tmp.path(), R"({"t": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 8]}})", 8);
-  expect_open_error(tmp.path(), "unknown dtype 'Q9'");
+  expect_st_error(tmp.path(), "unknown dtype 'Q9'");
 }
 
 TEST(Safetensors, BadShapes) {
-  TempFile tmp;
+  StTemp tmp;
   write_raw(tmp.path(), R"({"t": {"dtype": "F32", "shape": [2, -3], "data_offsets": [0, 8]}})", 8);
-  expect_open_error(tmp.path(), "negative dimension -3");
+  expect_st_error(tmp.path(), "negative dimension -3");
   write_raw(tmp.path(), R"({"t": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})", 8);
-  expect_open_error(tmp.path(), "non-integer dimension");
+  expect_st_error(tmp.path(), "non-integer dimension");
   write_raw(tmp.path(),
             R"({"t": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 8]}})",
             8);
-  expect_open_error(tmp.path(), "overflows");
+  expect_st_error(tmp.path(), "overflows");
 }
 
 TEST(Safetensors, BadOffsets) {
-  TempFile tmp;
+  StTemp tmp;
   write_raw(tmp.path(), R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}})", 8);
-  expect_open_error(tmp.path(), "begin 8 > end 0");
+  expect_st_error(tmp.path(), "begin 8 > end 0");
   write_raw(tmp.path(), R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 4);
-  expect_open_error(tmp.path(), "past the end of the data region");
+  expect_st_error(tmp.path(), "past the end of the data region");
   write_raw(
       tmp.path(),
       R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [18446744073709551608, 18446744073709551615]}})",
       8);
-  expect_open_error(tmp.path(), "past the end of the data region");
+  expect_st_error(tmp.path(), "past the end of the data region");
   write_raw(tmp.path(), R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 12]}})", 12);
-  expect_open_error(tmp.path(), "holds 12 bytes but shape [2] of F32 needs 8");
+  expect_st_error(tmp.path(), "holds 12 bytes but shape [2] of F32 needs 8");
   write_raw(tmp.path(), R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [-4, 4]}})", 8);
-  expect_open_error(tmp.path(), "not non-negative integers");
+  expect_st_error(tmp.path(), "not non-negative integers");
   write_raw(tmp.path(), R"({"t": {"dtype": "F32", "shape": [2]}})", 8);
-  expect_open_error(tmp.path(), "data_offsets");
+  expect_st_error(tmp.path(), "data_offsets");
 }
 
 TEST(Safetensors, OverlappingTensors) {
-  TempFile tmp;
+  StTemp tmp;
   write_raw(tmp.path(),
             R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},)"
             R"( "b": {"dtype": "F16", "shape": [4], "data_offsets": [4, 12]}})",
             12);
-  expect_open_error(tmp.path(), "'a' and 'b' overlap");
+  expect_st_error(tmp.path(), "'a' and 'b' overlap");
 }
 
 TEST(Safetensors, BadMetadata) {
-  TempFile tmp;
+  StTemp tmp;
   write_raw(tmp.path(), R"({"__metadata__": {"format": 1}})", 0);
-  expect_open_error(tmp.path(), "__metadata__ value for 'format' is not a string");
+  expect_st_error(tmp.path(), "__metadata__ value for 'format' is not a string");
   write_raw(tmp.path(), R"({"__metadata__": [1]})", 0);
-  expect_open_error(tmp.path(), "__metadata__ is not a JSON object");
+  expect_st_error(tmp.path(), "__metadata__ is not a JSON object");
   write_raw(tmp.path(), R"({"t": [1]})", 0);
-  expect_open_error(tmp.path(), "'t' is not a JSON object");
+  expect_st_error(tmp.path(), "'t' is not a JSON object");
 }
 
 TEST(Safetensors, HugeNumberLiteral) {
-  TempFile tmp;
+  StTemp tmp;
   write_raw(tmp.path(), R"({"t": {"dtype": "F32", "shape": [1e999], "data_offsets": [0, 4]}})", 4);
-  expect_open_error(tmp.path(), "not valid JSON");
+  expect_st_error(tmp.path(), "not valid JSON");
 }
 
 // Random byte flips and truncations of a valid file: each one opens or is refused with a
 // tessera::Error, never a crash (run under ASan/UBSan to catch stray reads).
 TEST(Safetensors, SurvivesRandomCorruption) {
-  TempFile tmp;
-  const auto bytes = pattern(64, 1);
+  StTemp tmp;
+  const auto bytes = st_bytes(64, 1);
   {
     SafetensorsWriter w(tmp.path(), {{"a", DType::F32, {2, 4}}, {"b", DType::BF16, {16}}},
                         {{"format", "pt"}});

@@ -5,14 +5,12 @@
 #include "targets/npusim/checker.h"
 #include "targets/npusim/examples_internal.h"
 #include "targets/npusim/mappings_gemm.h"
+#include "test_support.h"
 
 namespace tessera::npusim {
 namespace {
 
-const Device& xdna2() {
-  static const Device d = load_device("xdna2");
-  return d;
-}
+using testing_support::xdna2;
 
 bool has(const std::vector<Refusal>& r, const std::string& code) {
   for (const auto& x : r)

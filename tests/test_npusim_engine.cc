@@ -12,14 +12,12 @@
 #include "targets/npusim/mappings_gemm.h"
 #include "util/error.h"
 #include "util/half.h"
+#include "test_support.h"
 
 namespace tessera::npusim {
 namespace {
 
-const Device& xdna2() {
-  static const Device d = load_device("xdna2");
-  return d;
-}
+using testing_support::xdna2;
 
 std::vector<uint16_t> random_bf16(int64_t n, uint32_t seed) {
   std::mt19937 g(seed);

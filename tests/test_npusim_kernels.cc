@@ -18,14 +18,12 @@
 #include "targets/npusim/ops.h"
 #include "util/error.h"
 #include "util/half.h"
+#include "test_support.h"
 
 namespace tessera::npusim {
 namespace {
 
-const Device& xdna2() {
-  static const Device d = load_device("xdna2");
-  return d;
-}
+using testing_support::xdna2;
 
 std::vector<float> random_vec(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   std::mt19937 rng(seed);

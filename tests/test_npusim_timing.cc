@@ -8,14 +8,12 @@
 #include "targets/npusim/examples_internal.h"
 #include "targets/npusim/mappings_gemm.h"
 #include "targets/npusim/timing.h"
+#include "test_support.h"
 
 namespace tessera::npusim {
 namespace {
 
-const Device& xdna2() {
-  static const Device d = load_device("xdna2");
-  return d;
-}
+using testing_support::xdna2;
 
 TEST(NpusimTiming, DeterministicAndComputeBoundGemm) {
   const Launch l = gemm_launch({2048, 2048, 2048}, {64, 32, 64, 256}, {8, 4, true}, xdna2());

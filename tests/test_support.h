@@ -21,6 +21,8 @@
 #include "synth/synth.h"
 
 #include "pipeline/phases.h"
+#include "targets/npusim/device.h"
+#include "util/error.h"
 
 namespace tessera::testing_support {
 
@@ -46,6 +48,53 @@ class ScratchDir {
  private:
   fs::path path_;
 };
+
+// A unique file path under the test temp dir, ending in `suffix`; the file is removed when
+// the object dies.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& suffix) {
+    static std::atomic<int> counter{0};
+    path_ = (fs::path(::testing::TempDir()) /
+             ("tessera_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + suffix))
+                .string();
+  }
+  ~TempFile() {
+    std::error_code ec;
+    fs::remove(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// open(path) must throw tessera::Error: one line that names the file and contains `needle`.
+template <typename Open>
+void expect_open_error(Open&& open, const std::string& path, const std::string& needle) {
+  try {
+    open(path);
+    ADD_FAILURE() << "expected an error containing '" << needle << "'";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+
+// n bytes that differ from position to position: seed + i * step.
+inline std::vector<uint8_t> byte_pattern(size_t n, uint8_t seed, uint8_t step) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = uint8_t(seed + i * step);
+  return v;
+}
+
+// The npusim device profile most tests map onto.
+inline const npusim::Device& xdna2() {
+  static const npusim::Device d = npusim::load_device("xdna2");
+  return d;
+}
 
 inline std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

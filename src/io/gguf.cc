@@ -17,7 +17,6 @@ namespace {
 
 using Type = GgufValue::Type;
 
-constexpr uint64_t kDefaultAlignment = 32;
 constexpr uint32_t kMaxDims = 4;              // GGML_MAX_DIMS
 constexpr uint64_t kMaxNameBytes = 1 << 16;   // keys and tensor names; values may be longer
 constexpr uint64_t kMinKvBytes = 12;          // key length (8) + value type (4), at least
@@ -300,7 +299,7 @@ GgufFile GgufFile::open(const std::string& path) {
     }
   }
   const GgufValue* align = g.find("general.alignment");
-  g.alignment_ = align ? read_alignment(path, *align) : kDefaultAlignment;
+  g.alignment_ = align ? read_alignment(path, *align) : kGgufDefaultAlignment;
 
   // Tensor directory. Offsets are checked once the data section's start is known.
   std::vector<uint64_t> offsets;

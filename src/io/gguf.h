@@ -33,6 +33,9 @@ struct GgufValue {
 
 const char* gguf_type_name(GgufValue::Type t);  // "u32", "string", "array", ...
 
+// Tensor data alignment when a file has no general.alignment key (the GGUF spec's default).
+inline constexpr uint64_t kGgufDefaultAlignment = 32;
+
 // GGML tensor type ids: the one for each dtype tessera reads, the dtype for an id (nullopt
 // when tessera cannot read it), and ggml's name for any id it knows ("q4_K"; else nullptr).
 uint32_t ggml_type_id(DType t);
@@ -61,7 +64,7 @@ class GgufFile {
  private:
   std::shared_ptr<const MappedFile> file_;
   uint32_t version_ = 0;
-  uint64_t alignment_ = 32;
+  uint64_t alignment_ = kGgufDefaultAlignment;
   std::map<std::string, GgufValue> kv_;
   std::vector<TensorInfo> tensors_;
 };

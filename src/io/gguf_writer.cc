@@ -19,7 +19,6 @@ namespace {
 using Type = GgufValue::Type;
 
 constexpr uint32_t kVersion = 3;
-constexpr uint64_t kDefaultAlignment = 32;
 
 void put_bytes(std::vector<uint8_t>& buf, const void* p, size_t n) {
   const auto* b = static_cast<const uint8_t*>(p);
@@ -98,7 +97,7 @@ struct GgufWriter::Impl {
   std::vector<uint8_t> kv;  // encoded metadata pairs
   uint64_t kv_count = 0;
   std::set<std::string> keys;
-  uint64_t alignment = kDefaultAlignment;
+  uint64_t alignment = kGgufDefaultAlignment;
   std::vector<Tensor> tensors;
   std::set<std::string> names;
   size_t next = 0;       // tensor being written
