@@ -1,10 +1,8 @@
 // GGUF: GgufWriter/GgufFile round trip, and corrupt files refused with one line that names
 // the file and the problem (crafted with the writer, then patched or truncated).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>

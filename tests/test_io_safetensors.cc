@@ -1,9 +1,7 @@
 // safetensors: writer/reader round trip, and every malformed header refused with one line
 // that names the file and the problem.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>

@@ -608,7 +608,8 @@ std::vector<Hypothesis> prompt_ids(PhaseContext& ctx, const Failure& f) {
     const nlohmann::json fx = read_json_file(std::filesystem::path(ref["fixture"].get<std::string>()) / "fixture.json");
     const std::vector<TokenizedDifferently> diff = tokenized_differently(tok, fx);
     if (!diff.empty()) {
-      const std::vector<int32_t>&ours = diff[0].ours, &theirs = diff[0].theirs;
+      const std::vector<int32_t>& ours = diff[0].ours;
+      const std::vector<int32_t>& theirs = diff[0].theirs;
       size_t i = 0;
       while (i < ours.size() && i < theirs.size() && ours[i] == theirs[i]) ++i;
       pre.evidence = fmt::format("first difference at id {}: tessera {} \"{}\", transformers {} \"{}\"; ", i,
@@ -708,8 +709,8 @@ bool stop_set_failed(const Failure& f) { return failed_gates(f).count("phase6.st
 bool numbers_failed(const Failure& f) {
   if (!f.record.is_object()) return false;
   std::set<std::string> g = failed_gates(f);
-  g.erase("phase6.stop_set");
-  return !g.empty() || !stop_set_failed(f);
+  const bool stop_set = g.erase("phase6.stop_set") > 0;
+  return !g.empty() || !stop_set;
 }
 
 // ---- S7: a refused mapping ------------------------------------------------------------------
