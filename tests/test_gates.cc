@@ -156,47 +156,96 @@ TEST(GatesCompare, PerturbedTensorFailsGemmThresholds) {
   EXPECT_FALSE(mid.checks[1].pass) << mid.markdown_row();
 }
 
-TEST(GatesCompare, NonFiniteValuesAreCountedAndKeepCorrelationsFinite) {
+TEST(GatesCompare, NonFiniteValuesAreCountedAndFailEveryMetric) {
   std::vector<float> ref = {1, 2, 3, 4, 5, 6}, got = {1, 2, kNaNf, 4, 5, 6};
   TensorMetrics m = compare(ref.data(), got.data(), 2, 3);
   EXPECT_EQ(m.nan_got, 1);
   EXPECT_EQ(m.nan_ref, 0);
   EXPECT_EQ(m.inf_got, 0);
   EXPECT_EQ(m.inf_ref, 0);
-  // Correlations over the 5 finite pairs (all equal): exactly 1, not NaN.
-  EXPECT_DOUBLE_EQ(m.cosine, 1);
-  EXPECT_DOUBLE_EQ(m.pearson, 1);
-  EXPECT_FALSE(std::isnan(m.min_row_cosine));
-  // Error metrics cannot hide the NaN.
+  // One NaN where the reference is finite: no metric may call the output good.
   EXPECT_TRUE(std::isinf(m.nmse));
   EXPECT_TRUE(std::isinf(m.max_abs));
   EXPECT_TRUE(std::isinf(m.max_rel));
+  EXPECT_TRUE(std::isnan(m.cosine));
+  EXPECT_TRUE(std::isnan(m.pearson));
+  EXPECT_TRUE(std::isnan(m.gain));
+  EXPECT_TRUE(std::isnan(m.offset));
+  EXPECT_TRUE(std::isnan(m.min_row_cosine));
+  EXPECT_EQ(m.worst_row, 0);  // the row that holds the NaN
+  EXPECT_TRUE(std::isnan(cosine(ref.data(), got.data(), 6)));
   GateResult g{"phase1.kernel", "rmsnorm", {}, ""};
   g.require_fixed("nan_got", double(m.nan_got), "==", double(m.nan_ref));
   EXPECT_FALSE(g.pass());
 
-  // Inf on the reference side, counted separately.
+  // Inf on the reference side, counted separately; +inf against 2 is a mismatch.
   std::vector<float> ref2 = {1, kInff, -kInff, kNaNf}, got2 = {1, 2, -kInff, kNaNf};
   TensorMetrics m2 = compare(ref2.data(), got2.data(), 1, 4);
   EXPECT_EQ(m2.inf_ref, 2);
   EXPECT_EQ(m2.inf_got, 1);
   EXPECT_EQ(m2.nan_ref, 1);
   EXPECT_EQ(m2.nan_got, 1);
-  EXPECT_DOUBLE_EQ(m2.cosine, 1);
-  EXPECT_TRUE(std::isinf(m2.nmse));  // +inf vs 2 is a mismatch
+  EXPECT_TRUE(std::isnan(m2.cosine));
+  EXPECT_TRUE(std::isinf(m2.nmse));
 
-  // NaN/Inf parity (same kind at the same place on both sides) leaves the error metrics finite.
+  // NaN/Inf parity (same kind at the same place on both sides) is not an error.
   std::vector<float> ref3 = {1, kNaNf, -kInff, 2}, got3 = {1, kNaNf, -kInff, 2};
   TensorMetrics m3 = compare(ref3.data(), got3.data(), 1, 4);
   EXPECT_EQ(m3.nmse, 0);
   EXPECT_EQ(m3.max_abs, 0);
+  EXPECT_DOUBLE_EQ(m3.cosine, 1);
+  EXPECT_DOUBLE_EQ(m3.gain, 1);
   EXPECT_EQ(m3.nan_ref, 1);
   EXPECT_EQ(m3.inf_got, 1);
 
   // JSON carries the non-finite values as strings, not as null.
   auto j = m.to_json();
   EXPECT_EQ(j.at("nmse"), "inf");
+  EXPECT_EQ(j.at("cosine"), "nan");
   EXPECT_EQ(j.at("nan_got"), 1);
+}
+
+// Every metric a gate reads fails for all-NaN, one NaN and Inf outputs against a finite
+// reference (the acceptance list of issue 16).
+TEST(GatesCompare, AllNaNOneNaNAndInfFailEveryMetricCheck) {
+  const int64_t rows = 8, cols = 64;
+  auto ref = signal(rows * cols);
+  std::vector<float> all_nan(ref.size(), kNaNf), one_nan = ref, inf = ref, neg_inf = ref;
+  one_nan[77] = kNaNf;
+  inf[5] = kInff;
+  neg_inf[300] = -kInff;
+  for (const auto* got : {&all_nan, &one_nan, &inf, &neg_inf}) {
+    TensorMetrics m = compare(ref.data(), got->data(), rows, cols);
+    GateResult g{"phase1.kernel", "x", {}, ""};
+    g.require_fixed("nmse", m.nmse, "<=", 1e-3);
+    g.require_fixed("max_abs", m.max_abs, "<=", 1e3);
+    g.require_fixed("max_rel", m.max_rel, "<=", 1e3);
+    g.require_fixed("pearson", m.pearson, ">=", -1);
+    g.require_fixed("cosine", m.cosine, ">=", -1);
+    g.require_fixed("min_row_cosine", m.min_row_cosine, ">=", -1);
+    g.require_fixed("gain_error", std::fabs(m.gain - 1), "<=", 1e3);
+    g.require_fixed("offset", std::fabs(m.offset), "<=", 1e3);
+    for (const auto& c : g.checks) EXPECT_FALSE(c.pass) << c.metric << ": " << g.markdown_row();
+    EXPECT_TRUE(std::isnan(cosine(ref.data(), got->data(), rows * cols)));
+  }
+}
+
+TEST(GatesCompare, GainAndOffsetAreTheLeastSquaresLine) {
+  auto ref = signal(4096);
+  std::vector<float> got(ref.size());
+  double ss = 0;
+  for (float r : ref) ss += double(r) * r;
+  const double rms = std::sqrt(ss / double(ref.size()));
+  for (size_t i = 0; i < ref.size(); ++i) got[i] = float(1.005 * ref[i] + 0.01 * rms);
+  TensorMetrics m = compare(ref.data(), got.data(), 1, int64_t(ref.size()));
+  EXPECT_NEAR(m.gain, 1.005, 1e-6);
+  EXPECT_NEAR(m.offset, 0.01, 1e-6);
+  // Pearson is blind to both; the NMSE of a 0.5% gain is only 2.5e-5.
+  EXPECT_GT(m.pearson, 0.999999);
+  EXPECT_LT(m.nmse, 2e-4);
+  TensorMetrics same = compare(ref.data(), ref.data(), 1, int64_t(ref.size()));
+  EXPECT_DOUBLE_EQ(same.gain, 1);
+  EXPECT_DOUBLE_EQ(same.offset, 0);
 }
 
 TEST(GatesCompare, WrongRowDropsRowMinimumWhileWholeCosineStaysHigh) {
@@ -345,14 +394,18 @@ TEST(GatesThresholds, TableHoldsExactlyTheAgreedKeys) {
       {"phase0.layer_cosine_min", 0.9999},   {"phase0.logits_cosine_min", 0.9999},
       {"phase0.logits_std_min", 1e-6},       {"phase1.gemm.pearson_min", 0.999},
       {"phase1.gemm.nmse_max", 1e-4},        {"phase1.kernel.pearson_min", 0.99},
-      {"phase1.kernel.nmse_max", 1e-3},      {"phase2.cosine_min", 0.99},
+      {"phase1.kernel.nmse_max", 1e-3},      {"phase1.margin", 4},
+      {"phase1.nmse_floor", 1e-10},          {"phase1.err_floor", 1e-5},
+      {"phase1.max_err_max", 0.1},           {"phase1.gain_error_max", 1e-2},
+      {"phase1.offset_max", 1e-2},           {"phase2.cosine_min", 0.99},
       {"phase2.row_cosine_min.hd64", 0.99},  {"phase2.row_cosine_min.hd128", 0.98},
       {"phase2.row_cosine_min.hd256", 0.97}, {"phase3.layer_cosine_min", 0.95},
       {"phase3.cliff_max", 0.05},            {"phase3.logits_cosine_min", 0.99},
       {"phase3.decisive_prob", 0.5},         {"phase3.topk", 5},
       {"phase6.tokens", 32},                 {"phase6.prompts_min", 2},
       {"phase6.topk", 5},                    {"diagnose.match_nmse_max", 1e-4},
-      {"diagnose.separation_min", 10},       {"diagnose.dispatch_gain_min", 1.25}};
+      {"diagnose.separation_min", 10},       {"diagnose.dispatch_gain_min", 1.25},
+      {"diagnose.confined_fraction_min", 0.9}, {"diagnose.unrelated_pearson_max", 0.1}};
   const auto& t = thresholds();
   EXPECT_EQ(t.size(), expected.size());
   for (const auto& [key, value] : expected) {

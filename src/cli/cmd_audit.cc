@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "eval/audit.h"
+#include "pipeline/perturb.h"
 
 namespace tessera::cli {
 
@@ -15,6 +16,7 @@ struct AuditArgs {
   int threads = 0;
   bool quiet = false;
   bool no_remeasure = false;
+  std::vector<std::string> perturb;
 };
 
 int run_audit(const AuditArgs& a) {
@@ -23,6 +25,7 @@ int run_audit(const AuditArgs& a) {
   o.threads = a.threads;
   o.quiet = a.quiet || a.json;
   o.remeasure_wall_time = !a.no_remeasure;
+  for (const std::string& p : a.perturb) o.perturbations.push_back(parse_perturbation(p).spec);
   const AuditResult r = audit_deployment(o);
   if (a.json) {
     fmt::print("{}\n", r.to_json().dump(2));
@@ -48,6 +51,9 @@ void add_audit_command(CLI::App& app) {
   cmd->add_flag("--json", a->json, "Print the findings as JSON");
   cmd->add_option("--threads", a->threads, "Worker threads (default: all cores)");
   cmd->add_flag("--quiet", a->quiet, "No progress lines on stderr");
+  cmd->add_option("--perturb", a->perturb,
+                  "Re-run the gates as if the executable had this bug (repeatable; see `tessera deploy --help`): "
+                  "STAGE:KIND:SIZE[:SCOPE...]");
   cmd->add_flag("--no-remeasure", a->no_remeasure,
                 "Do not re-measure wall-time figures (a machine busy with other work cannot reproduce them); the report "
                 "lists them as not re-measured. Predicted figures are still checked exactly");

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "model/default_model.h"
 #include "pipeline/deploy.h"
+#include "pipeline/perturb.h"
 #include "targets/registry.h"
 #include "util/error.h"
 
@@ -24,6 +25,7 @@ struct DeployArgs {
   std::string out;
   int from_phase = -1;
   std::vector<std::string> inject;
+  std::vector<std::string> perturb;
   int threads = 0;
   std::string reference;
   bool quiet = false;
@@ -55,6 +57,7 @@ int run_deploy(const DeployArgs& a) {
   o.out_dir = a.out.empty() ? default_out_dir(o.model_path, a.target) : a.out;
   o.from_phase = a.from_phase;
   for (const std::string& f : a.inject) o.faults.insert(target_fault_info(a.target, f).name);
+  for (const std::string& p : a.perturb) o.perturbations.push_back(parse_perturbation(p).spec);  // refused early
   o.threads = a.threads;
   o.plan_name = a.plan;
   o.device = a.device;
@@ -123,6 +126,10 @@ void add_deploy_command(CLI::App& app) {
   cmd->add_option("--out", a->out, "Deployment directory (default: deployments/<model>-<target>)");
   cmd->add_option("--from-phase", a->from_phase, "Re-run from phase N (its results and later ones are discarded)");
   cmd->add_option("--inject", a->inject, inject_help());
+  cmd->add_option("--perturb", a->perturb,
+                  "Make one stage's output wrong from outside the target (repeatable): STAGE:KIND:SIZE[:SCOPE...], "
+                  "KIND one of gain, offset, noise, element, tail, permute, stale, shift; SCOPE decode, prefill, fused, "
+                  "layer=N, out=NAME (e.g. rmsnorm's 0.5% gain: attn_norm:gain:0.005)");
   cmd->add_option("--threads", a->threads, "Worker threads (default: all cores)");
   cmd->add_option("--reference", a->reference, "Directory of golden transformers fixtures for phase 0 (default: the source tree's)");
   cmd->add_flag("--quiet", a->quiet, "No progress lines on stderr");

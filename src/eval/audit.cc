@@ -70,7 +70,20 @@ void audit_thresholds(Auditor& a, const Deployment& dep) {
       const gates::GateResult g = gates::GateResult::from_json(row);
       for (const gates::Check& c : g.checks) {
         double limit = c.limit;
-        if (!c.threshold.empty()) {
+        if (c.threshold.starts_with("derived:")) {
+          // A limit derived for the row (phase 1): held to the table's outer bound, never looser.
+          const std::string key = c.threshold.substr(8);
+          const auto it = gates::thresholds().find(key);
+          if (it == gates::thresholds().end()) {
+            problems.push_back(fmt::format("phase {} '{}': outer bound '{}' is not in the built-in table", p, g.subject, key));
+            continue;
+          }
+          const double outer = it->second.value;
+          const bool upper = c.op == "<=" || c.op == "<";
+          if (upper ? !(c.limit <= outer) : !(c.limit >= outer))
+            problems.push_back(fmt::format("phase {} '{}': {} held to {} {}, looser than the outer bound {} ({})", p, g.subject,
+                                           c.metric, c.op, c.limit, outer, key));
+        } else if (!c.threshold.empty()) {
           const auto it = gates::thresholds().find(c.threshold);
           if (it == gates::thresholds().end()) {
             problems.push_back(fmt::format("phase {} '{}': threshold '{}' is not in the built-in table", p, g.subject,
@@ -382,6 +395,7 @@ AuditResult audit_deployment(const AuditOptions& opts) {
   DeployOptions d = options_from_identity(id);
   d.threads = opts.threads;
   d.quiet = opts.quiet;
+  for (const std::string& p : opts.perturbations) d.perturbations.push_back(p);
   d.out_dir = scratch_dir.string();
   const Model model = Model::open(d.model_path);
   PhaseContext ctx(scratch, model, d);

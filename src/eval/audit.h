@@ -51,6 +51,9 @@ struct AuditOptions {
   // work (a CI runner's parallel tests): those figures are then listed as not re-measured
   // in the report, and only the deterministic ones (npusim's predictions) are checked.
   bool remeasure_wall_time = true;
+  // Perturbations (pipeline/perturb.h) added to the deployment's own when the gates are
+  // re-run: what the evaluator would see if the executable had that bug.
+  std::vector<std::string> perturbations;
 };
 
 // Runs every check (a check that cannot run is a failing finding, never skipped) and writes

@@ -21,13 +21,18 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // JSON has no NaN/Inf (nlohmann writes them as null, which then fails to read back as a
 // number), so non-finite values travel as the strings "nan", "inf", "-inf".
-nlohmann::json num(double v) {
+nlohmann::json num(double v) { return json_number(v); }
+double read_num(const nlohmann::json& j) { return read_json_number(j); }
+
+}  // namespace
+
+nlohmann::json json_number(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   return v;
 }
 
-double read_num(const nlohmann::json& j) {
+double read_json_number(const nlohmann::json& j) {
   if (j.is_number()) return j.get<double>();
   if (j.is_null()) return kNaN;
   if (j.is_string()) {
@@ -38,6 +43,8 @@ double read_num(const nlohmann::json& j) {
   }
   fail("gate JSON: expected a number, got {}", j.dump());
 }
+
+namespace {
 
 // Cosine from the three dot products, with the zero-vector conventions of the header.
 double cosine_from(double ab, double aa, double bb) {
@@ -83,14 +90,18 @@ nlohmann::json TensorMetrics::to_json() const {
   return {{"count", count},     {"nmse", num(nmse)},       {"max_abs", num(max_abs)},
           {"max_rel", num(max_rel)}, {"pearson", num(pearson)}, {"cosine", num(cosine)},
           {"nan_ref", nan_ref}, {"inf_ref", inf_ref},      {"nan_got", nan_got},
-          {"inf_got", inf_got}, {"min_row_cosine", num(min_row_cosine)}, {"worst_row", worst_row}};
+          {"inf_got", inf_got}, {"min_row_cosine", num(min_row_cosine)}, {"worst_row", worst_row},
+          {"gain", num(gain)},  {"offset", num(offset)}, {"ref_max", num(ref_max)}};
 }
 
 double cosine(const float* a, const float* b, int64_t n) {
   if (n < 0) fail("cosine: negative length {}", n);
   double ab = 0, aa = 0, bb = 0;
   for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) continue;
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) {
+      if (!same_nonfinite(a[i], b[i])) return kNaN;  // a NaN or Inf against a value: no agreement
+      continue;
+    }
     double x = a[i], y = b[i];
     ab += x * y;
     aa += x * x;
@@ -125,6 +136,7 @@ TensorMetrics compare(const float* ref, const float* got, int64_t rows, int64_t 
     }
   }
   const double floor = rel_floor >= 0 ? rel_floor : std::max(1e-3 * max_abs_ref, 1e-6);
+  m.ref_max = max_abs_ref;
 
   // Pass 2: errors, centred moments (two-pass for an accurate Pearson) and dot products.
   const double mean_r = finite_pairs ? sum_r / double(finite_pairs) : 0;
@@ -157,13 +169,31 @@ TensorMetrics compare(const float* ref, const float* got, int64_t rows, int64_t 
   } else {
     m.pearson = 0;  // one side constant: it carries none of the other's variation
   }
-  if (nonfinite_mismatch) m.nmse = m.max_abs = m.max_rel = kInf;
+  // Least-squares line through the finite pairs: gain = cov / var(ref); the offset in units
+  // of the reference's RMS.
+  const double rms_r = finite_pairs ? std::sqrt(ref2 / double(finite_pairs)) : 0;
+  if (var_r > 0) {
+    m.gain = cov / var_r;
+    m.offset = (mean_g - m.gain * mean_r) / rms_r;
+  } else {
+    m.gain = all_equal ? 1 : kNaN;  // a constant reference fixes no slope
+    m.offset = all_equal ? 0 : (rms_r > 0 ? (mean_g - mean_r) / rms_r : kNaN);
+  }
+  if (nonfinite_mismatch) {
+    m.nmse = m.max_abs = m.max_rel = kInf;
+    m.pearson = m.cosine = m.gain = m.offset = kNaN;
+  }
 
   // Per-row (per-position) cosine minimum; the first worst row on ties.
   m.min_row_cosine = 1;
   m.worst_row = 0;
   for (int64_t r = 0; r < rows; ++r) {
     double c = cosine(ref + r * cols, got + r * cols, cols);
+    if (std::isnan(c)) {  // a broken row is the worst row
+      m.min_row_cosine = kNaN;
+      m.worst_row = r;
+      break;
+    }
     if (c < m.min_row_cosine) {
       m.min_row_cosine = c;
       m.worst_row = r;
@@ -266,6 +296,14 @@ const std::map<std::string, Threshold>& thresholds() {
        {1e-4, "bf16 weights with fp32 accumulation sit near 1e-5; accumulating in bf16 lands near 1e-3"}},
       {"phase1.kernel.pearson_min", {0.99, "non-GEMM kernels use hardware approximations (exp, rsqrt, silu)"}},
       {"phase1.kernel.nmse_max", {1e-3, "bf16 inputs/outputs plus approximate transcendentals"}},
+      // phase 1's derived limits: a margin above the error of the target's declared numerics,
+      // emulated in the oracle's twin (pipeline/op_table.h); the bounds below are outer bounds.
+      {"phase1.margin", {4, "limit = margin x the expected error (x margin^2 for NMSE, a squared error)"}},
+      {"phase1.nmse_floor", {1e-10, "fp32 evaluation-order noise: the least NMSE limit of an exact kernel"}},
+      {"phase1.err_floor", {1e-5, "fp32 evaluation-order noise: the least limit of max_err, gain and offset"}},
+      {"phase1.max_err_max", {0.1, "outer bound: the largest error, in units of the reference's largest value"}},
+      {"phase1.gain_error_max", {1e-2, "outer bound: |least-squares gain - the gain the declared numerics give|"}},
+      {"phase1.offset_max", {1e-2, "outer bound: |least-squares offset - the declared numerics' offset|, in units of the reference's RMS"}},
       // phase 2: layer 0 wired on the target
       {"phase2.cosine_min", {0.99, "one block in bf16 stays close to the FP32 block"}},
       {"phase2.row_cosine_min.hd64", {0.99, "per-position minimum, head_dim <= 64"}},
@@ -285,6 +323,10 @@ const std::map<std::string, Threshold>& thresholds() {
       {"diagnose.match_nmse_max", {1e-4, "the target matches a reference variant (bf16 rounding stays ~1e-5)"}},
       {"diagnose.separation_min", {10, "the target must be this many times closer to a variant than to the correct "
                                        "reference for the variant to be confirmed"}},
+      {"diagnose.confined_fraction_min", {0.9, "error-shape: the share of a row's error energy a set of heads, columns "
+                                               "or positions must hold to be called the place of the error"}},
+      {"diagnose.unrelated_pearson_max", {0.1, "lm-head: logits this little correlated with the tied product come from "
+                                               "another matrix"}},
       {"diagnose.dispatch_gain_min", {1.25, "merging the frozen plan's dispatches would make a pass this many times "
                                             "faster: dispatch overhead not amortized (advisory)"}},
   };
@@ -320,6 +362,15 @@ void GateResult::require(const std::string& metric, double value, const std::str
                          const std::string& threshold_key) {
   double limit = threshold(threshold_key);
   checks.push_back({metric, value, op, limit, threshold_key, evaluate(value, op, limit)});
+}
+
+void GateResult::require_derived(const std::string& metric, double value, const std::string& op, double limit,
+                                 const std::string& outer_key) {
+  const double outer = threshold(outer_key);
+  if (op == "<=" || op == "<") limit = std::min(limit, outer);
+  else if (op == ">=" || op == ">") limit = std::max(limit, outer);
+  else fail("gate check: a derived limit needs an ordering comparison, not '{}'", op);
+  checks.push_back({metric, value, op, limit, "derived:" + outer_key, evaluate(value, op, limit)});
 }
 
 void GateResult::require_fixed(const std::string& metric, double value, const std::string& op, double limit) {

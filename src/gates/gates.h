@@ -22,18 +22,29 @@ struct TensorMetrics {
   int64_t nan_ref = 0, inf_ref = 0, nan_got = 0, inf_got = 0;
   double min_row_cosine = 0;  // per-position minimum
   int64_t worst_row = 0;      // where it is
+  // The least-squares line got = gain * ref + offset * rms(ref): a systematic error (a
+  // scale or a shift) shows here even when it is far below the noise of single elements.
+  // offset is in units of the reference's RMS, so its limit does not depend on the scale.
+  double gain = 1, offset = 0;
+  double ref_max = 0;  // max |ref| over the finite pairs (the scale max_abs is judged against)
   nlohmann::json to_json() const;
 };
 // rel_floor < 0: 1e-3 * max |ref| (and at least 1e-6).
-// Non-finite values: counted per side (nan_*/inf_*). pearson, cosine and the row cosines use
-// only the pairs where both sides are finite, so they stay NaN-free; nmse, max_abs and max_rel
-// become +inf when any pair is not bit-for-bit alike in kind (one side NaN/Inf, the other not,
-// or Infs of different sign), so an error metric can never hide a NaN. Pairs where both sides
-// are NaN, or both the same Inf, are skipped by those three (the counts still report them).
+// Non-finite values: counted per side (nan_*/inf_*). A pair that is not alike in kind (one
+// side NaN/Inf and the other not, or Infs of different sign) fails every metric: nmse,
+// max_abs and max_rel become +inf, pearson, cosine, gain, offset and the row cosines NaN
+// (a NaN never passes a check), so no metric can score a broken output as good. Pairs where
+// both sides are NaN, or both the same Inf, are parity, not error: every metric skips them
+// (the counts still report them).
 // Cosine of two all-zero vectors is 1, of a zero and a non-zero vector 0; Pearson of two
 // constant vectors is 1 when they are equal, else 0, and 0 when just one side is constant.
+// gain is 1 and offset 0 when the reference is constant and equal to got.
 TensorMetrics compare(const float* ref, const float* got, int64_t rows, int64_t cols, double rel_floor = -1);
+// NaN when a pair is not alike in kind (see compare).
 double cosine(const float* a, const float* b, int64_t n);
+// JSON has no NaN/Inf: metric values travel as numbers or the strings "nan", "inf", "-inf".
+nlohmann::json json_number(double v);
+double read_json_number(const nlohmann::json& j);
 
 // ---- token metrics over logits rows (vocab values each) ----
 std::vector<int32_t> top_k(const float* logits, int64_t vocab, int k);  // best first, ties by lower id
@@ -95,6 +106,11 @@ struct GateResult {
   // Adds a check from the threshold table: op ">=" means value must be >= limit.
   void require(const std::string& metric, double value, const std::string& op, const std::string& threshold_key);
   void require_fixed(const std::string& metric, double value, const std::string& op, double limit);
+  // A limit derived for this row (phase 1: a margin above the error the target's declared
+  // numerics give), clamped so it is never looser than the table's `outer_key`; recorded
+  // with threshold "derived:<outer_key>", which the evaluator holds to that bound.
+  void require_derived(const std::string& metric, double value, const std::string& op, double limit,
+                       const std::string& outer_key);
   nlohmann::json to_json() const;
   static GateResult from_json(const nlohmann::json& j);
   // "| subject | PASS | pearson 0.99998 >= 0.999 (phase1.gemm.pearson_min); ... |"

@@ -59,6 +59,7 @@ nlohmann::json deployment_identity(const Model& model, const DeployOptions& opts
   // A chosen plan or device is part of what was gated (absent: the target's defaults).
   if (!opts.plan_name.empty()) id["plan"] = opts.plan_name;
   if (!opts.device.empty()) id["device"] = opts.device;
+  if (!opts.perturbations.empty()) id["perturbations"] = opts.perturbations;  // test scaffolding, from outside
   return id;
 }
 
@@ -69,6 +70,7 @@ DeployOptions options_from_identity(const nlohmann::json& id) {
   for (const auto& f : id.value("faults", nlohmann::json::array())) d.faults.insert(f.get<std::string>());
   d.plan_name = id.value("plan", "");
   d.device = id.value("device", "");
+  d.perturbations = id.value("perturbations", std::vector<std::string>{});
   return d;
 }
 
@@ -151,6 +153,7 @@ DeployResult deploy(const DeployOptions& opts) {
   };
   say(fmt::format("tessera deploy: {} ({}) on {} -> {}", model.path(), arch_name(model.spec().arch), opts.target, opts.out_dir));
   if (!opts.faults.empty()) say(fmt::format("  injected faults: {}", fmt::join(opts.faults, ", ")));
+  if (!opts.perturbations.empty()) say(fmt::format("  perturbations: {}", fmt::join(opts.perturbations, ", ")));
 
   DeployResult result;
   for (const PhaseDef& p : phase_defs()) {

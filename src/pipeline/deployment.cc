@@ -77,7 +77,7 @@ Deployment Deployment::open_for_deploy(const fs::path& dir, const nlohmann::json
   if (fs::exists(dir / "state.json")) {
     d.state_ = read_json_file(dir / "state.json");
     const nlohmann::json& old = d.state_["identity"];
-    for (const char* key : {"model_path", "target", "faults", "model_fingerprint", "plan", "device"})
+    for (const char* key : {"model_path", "target", "faults", "model_fingerprint", "plan", "device", "perturbations"})
       if (old.value(key, nlohmann::json()) != identity.value(key, nlohmann::json()))
         fail("{} holds a deployment of a different {} ({} there, {} asked); use another --out or delete it",
              dir.string(), key, old.value(key, nlohmann::json()).dump(), identity.value(key, nlohmann::json()).dump());

@@ -568,11 +568,12 @@ std::vector<Hypothesis> lm_head(PhaseContext& ctx, const Failure&) {
   t->op_linear(Stage::LmHead, x.data(), 1, ctx.model.lm_head().name, none, got.data());
   oracle::linear(x.data(), 1, ctx.model.lm_head(), nullptr, ref.data(), 0);
   const double r = gates::compare(ref.data(), got.data(), 1, s.vocab).pearson;
+  const double unrelated = gates::threshold("diagnose.unrelated_pearson_max");
   // A head unrelated to the embedding gives logits uncorrelated with the tied product.
-  return {{"the head is not the tied embedding (another matrix)", "lm-head-untied", r < 0.1 ? "confirmed" : "ruled out",
+  return {{"the head is not the tied embedding (another matrix)", "lm-head-untied", r < unrelated ? "confirmed" : "ruled out",
            fmt::format("checkpoint tensor list: no lm_head.weight (tied to model.embed_tokens.weight); Pearson of the "
-                       "target's logits with the tied product {:.3f} (unrelated below 0.1)",
-                       r)}};
+                       "target's logits with the tied product {:.3f} (unrelated below {})",
+                       r, unrelated)}};
 }
 
 // ---- S12: the prompt ids (porting-pitfalls row 12) ------------------------------------------
@@ -752,6 +753,7 @@ std::vector<Hypothesis> audit_findings(PhaseContext&, const Failure& f) {
 }
 
 std::string stage_of_kernel_row(const nlohmann::json& row) {
+  if (row.contains("stage")) return row["stage"].get<std::string>();  // op-table rows name their stage
   const std::string kernel = row.value("kernel", ""), role = row.value("role", "");
   if (kernel == "gemm") {
     for (const char* r : {"q_proj", "k_proj", "v_proj"})
@@ -835,6 +837,12 @@ const std::vector<DebugSkill>& debug_skills() {
        "residual add (a phase 4/5 rewrite reverted by the gate)",
        "the merged dispatch's intermediate buffers: which are refreshed per call", {Stage::OProj, Stage::AttnResidual},
        nullptr, stale_intermediate},
+      {"error-shape", "a kernel row fails its limits (phase 1, a rewrite's op table, or the frozen plan's in phase 6)",
+       "the failing kernel: its constants and scales, per-head and per-position indexing, loop bounds, layout",
+       {Stage::Embedding, Stage::AttnNorm, Stage::QkvProj, Stage::Rope, Stage::KvWrite, Stage::Attention, Stage::OProj,
+        Stage::AttnResidual, Stage::MlpNorm, Stage::GateUpProj, Stage::SiluMul, Stage::DownProj, Stage::MlpResidual,
+        Stage::FinalNorm, Stage::LmHead},
+       nullptr, error_shape},
       {"lm-head", "the LM head's logits wrong (phase 1 lm_head row)", "which matrix the head reads; tie_word_embeddings",
        {Stage::LmHead}, nullptr, lm_head},
       {"mapping-refused", "the target refused a mapping (npusim checker)", "the refusal's tile and numbers; the mapping's tiles",

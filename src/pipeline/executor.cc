@@ -9,6 +9,7 @@
 #include "model/default_model.h"
 #include "pipeline/deploy.h"
 #include "pipeline/deployment.h"
+#include "pipeline/perturb.h"
 #include "pipeline/plan.h"
 #include "targets/registry.h"
 #include "util/error.h"
@@ -47,7 +48,9 @@ Executor open_deployment(const std::string& dir, const ExecutorOptions& opts) {
   if (def.options_from_plan) def.options_from_plan(plan, o);
   Executor e;
   e.model = std::make_unique<Model>(Model::open(model_path));
-  e.runner = make_target_runner(target, *e.model, o);
+  std::unique_ptr<StagedRunner> runner = make_target_runner(target, *e.model, o);
+  runner->set_output_tap(perturbation_tap(id.value("perturbations", std::vector<std::string>{})));
+  e.runner = std::move(runner);
   e.source = dir;
   e.deployment = true;
   e.description =

@@ -8,11 +8,15 @@
 #include <filesystem>
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <optional>
 
 #include "model/tensors.h"
 #include "oracle/ops.h"
+#include "pipeline/capture.h"
+#include "pipeline/op_table.h"
+#include "pipeline/perturb.h"
 #include "pipeline/plan.h"
 #include "runtime/generate.h"
 #include "targets/registry.h"
@@ -59,6 +63,7 @@ StagedRunner& PhaseContext::target() {
     TargetOptions o = target_options(opts);
     o.plan = plan_;
     target_ = make_target_runner(opts.target, model, o);
+    target_->set_output_tap(perturbation_tap(opts.perturbations));
   }
   return *target_;
 }
@@ -71,7 +76,9 @@ void PhaseContext::use_plan(const nlohmann::json& plan) {
 std::unique_ptr<StagedRunner> PhaseContext::make_runner(const nlohmann::json& plan) const {
   TargetOptions o = target_options(opts);
   o.plan = plan;
-  return make_target_runner(opts.target, model, o);
+  std::unique_ptr<StagedRunner> r = make_target_runner(opts.target, model, o);
+  r->set_output_tap(perturbation_tap(opts.perturbations));
+  return r;
 }
 void PhaseContext::progress(const std::string& line) const {
   if (!opts.quiet) fmt::print(stderr, "  {}\n", line);
@@ -94,25 +101,6 @@ std::vector<CanonicalPrompt> canonical_prompts(const Tokenizer& tok) {
 }
 
 namespace {
-
-// Captures named probes into a map (rows x cols each).
-struct Capture {
-  std::map<std::string, std::vector<float>> values;
-  std::map<std::string, int64_t> cols;
-  ProbeFn fn(std::function<bool(const std::string&)> want) {
-    return [this, want](const std::string& name, const float* data, int64_t rows, int64_t c) {
-      if (!want(name)) return;
-      auto& v = values[name];
-      v.insert(v.end(), data, data + rows * c);  // appended: decode steps extend prefill rows
-      cols[name] = c;
-    };
-  }
-  const std::vector<float>& at(const std::string& name) const {
-    auto it = values.find(name);
-    if (it == values.end()) fail("internal: probe '{}' was not captured", name);
-    return it->second;
-  }
-};
 
 std::string fmt_metric(double v) { return fmt::format("{:.6g}", v); }
 
@@ -341,218 +329,6 @@ PhaseOutcome run_phase0_oracle(PhaseContext& ctx) {
   return out;
 }
 
-// ---------------------------------------------------------------- phase 1: kernels
-
-namespace {
-
-struct KernelChecker {
-  PhaseOutcome& out;
-  int64_t n_failed = 0;
-  // Compares the target's output (in a guarded buffer) with the oracle twin's.
-  void check(const std::string& kernel, const std::string& role, const std::string& shape, const float* ref,
-             const GuardedBuffer& got, int64_t rows, int64_t cols) {
-    const TensorMetrics m = gates::compare(ref, got.data(), rows, cols);
-    GateResult g;
-    g.gate = "phase1.kernel";
-    g.subject = fmt::format("{} {} {}", kernel, role, shape);
-    const std::string cls = kernel == "gemm" ? "phase1.gemm" : "phase1.kernel";
-    g.require("pearson", m.pearson, ">=", cls + ".pearson_min");
-    g.require("nmse", m.nmse, "<=", cls + ".nmse_max");
-    g.require_fixed("nonfinite_mismatch",
-                    double(std::abs((m.nan_ref + m.inf_ref) - (m.nan_got + m.inf_got))), "<=", 0);
-    g.require_fixed("guard_bytes_changed", double(got.corrupted_bytes()), "<=", 0);
-    if (!g.pass()) ++n_failed;
-    out.gates.push_back(g);
-    out.details["kernels"].push_back({{"kernel", kernel}, {"role", role}, {"shape", shape}, {"metrics", m.to_json()},
-                                      {"pass", g.pass()}});
-  }
-};
-
-GuardedBuffer guarded_copy(const float* src, int64_t n) {
-  GuardedBuffer b(n);
-  std::copy(src, src + n, b.data());
-  return b;
-}
-
-}  // namespace
-
-PhaseOutcome run_phase1_kernels(PhaseContext& ctx) {
-  PhaseOutcome out;
-  out.details["kernels"] = nlohmann::json::array();
-  KernelChecker chk{out};
-  const ModelSpec& s = ctx.model.spec();
-  const int64_t H = s.hidden, Q = s.q_dim(), KV = s.kv_dim(), I = s.intermediate, hd = s.head_dim;
-  StagedRunner& target = ctx.target();
-  const Model& model = ctx.model;
-  // The oracle's twins run on the host's threads (their results do not depend on how many).
-  const int host_threads = ctx.opts.threads > 0 ? ctx.opts.threads : default_threads();
-
-  // Real activations: the oracle's layer 0 on the concatenated canonical prompts.
-  const std::vector<int32_t> ids = long_prompt(ctx, 64);
-  const int64_t T = int64_t(ids.size());
-  ctx.progress(fmt::format("[phase 1] oracle activations for {} tokens", T));
-  Capture cap;
-  OracleRunner& oracle = ctx.oracle();
-  oracle.reset();
-  oracle.forward(ids, false, cap.fn([](const std::string& n) { return n == "embed" || n.starts_with("layers.0."); }),
-                 ProbeLevel::All);
-  auto probe = [&](const char* n) -> const std::vector<float>& { return cap.at(std::string("layers.0.") + n); };
-  const std::vector<float>& embed = cap.at("embed");
-  auto f32 = [&](const std::string& name) {
-    const Weight* w = model.find(name);
-    return w ? w->to_f32() : std::vector<float>{};
-  };
-  const std::string TH = fmt::format("[{},{}]", T, H);
-
-  // embedding
-  {
-    GuardedBuffer got(T * H);
-    target.op_embedding(ids.data(), T, got.data());
-    chk.check("embedding", "embed_tokens", TH, embed.data(), got, T, H);
-  }
-  // rmsnorm (attn_norm, mlp_norm, final_norm)
-  // (the target's own norm weights: layer 0's, and the final norm's)
-  auto norm_case = [&](const std::string& role, Stage which, const std::vector<float>& in, const std::vector<float>& ref) {
-    GuardedBuffer got(T * H);
-    target.op_rmsnorm(which, 0, in.data(), T, got.data());
-    chk.check("rmsnorm", role, TH, ref.data(), got, T, H);
-  };
-  norm_case("attn_norm", Stage::AttnNorm, embed, probe("attn_norm"));
-  norm_case("mlp_norm", Stage::MlpNorm, probe("attn_residual"), probe("mlp_norm"));
-  {
-    std::vector<float> ref(size_t(T * H));
-    const std::vector<float> w = f32("model.norm.weight");
-    oracle::rmsnorm(probe("out").data(), w.data(), ref.data(), T, H, s.rms_eps);
-    norm_case("final_norm", Stage::FinalNorm, probe("out"), ref);
-  }
-
-  // gemm: every projection at the prefill shape and the decode shape (one row)
-  auto gemm_case = [&](Stage stage, const std::string& role, const std::string& weight, const std::vector<float>& x,
-                       const std::string& bias_name) {
-    const Weight& w = model.get(weight);
-    const std::vector<float> bias = bias_name.empty() ? std::vector<float>{} : f32(bias_name);
-    const int64_t N = w.rows(), K = w.cols();
-    for (int64_t rows : {T, int64_t(1)}) {
-      const float* in = x.data() + (T - rows) * K;
-      std::vector<float> ref(size_t(rows * N));
-      oracle::linear(in, rows, w, bias.empty() ? nullptr : bias.data(), ref.data(), host_threads);
-      GuardedBuffer got(rows * N);
-      target.op_linear(stage, in, rows, weight, bias, got.data());
-      chk.check("gemm", role + (bias.empty() ? "" : "+bias"), fmt::format("[{},{}]x[{},{}]^T", rows, K, N, K), ref.data(), got,
-                rows, N);
-    }
-  };
-  const bool qb = s.qkv_bias;
-  gemm_case(Stage::QkvProj, "q_proj", layer_tensor(0, "self_attn.q_proj.weight"), probe("attn_norm"),
-            qb ? layer_tensor(0, "self_attn.q_proj.bias") : "");
-  gemm_case(Stage::QkvProj, "k_proj", layer_tensor(0, "self_attn.k_proj.weight"), probe("attn_norm"),
-            qb ? layer_tensor(0, "self_attn.k_proj.bias") : "");
-  gemm_case(Stage::QkvProj, "v_proj", layer_tensor(0, "self_attn.v_proj.weight"), probe("attn_norm"),
-            qb ? layer_tensor(0, "self_attn.v_proj.bias") : "");
-  gemm_case(Stage::OProj, "o_proj", layer_tensor(0, "self_attn.o_proj.weight"), probe("attn"),
-            s.o_bias ? layer_tensor(0, "self_attn.o_proj.bias") : "");
-  gemm_case(Stage::GateUpProj, "gate_proj", layer_tensor(0, "mlp.gate_proj.weight"), probe("mlp_norm"),
-            s.mlp_bias ? layer_tensor(0, "mlp.gate_proj.bias") : "");
-  gemm_case(Stage::GateUpProj, "up_proj", layer_tensor(0, "mlp.up_proj.weight"), probe("mlp_norm"),
-            s.mlp_bias ? layer_tensor(0, "mlp.up_proj.bias") : "");
-  gemm_case(Stage::DownProj, "down_proj", layer_tensor(0, "mlp.down_proj.weight"), probe("act"),
-            s.mlp_bias ? layer_tensor(0, "mlp.down_proj.bias") : "");
-  {
-    // LM head: one row (the decode shape; prefill needs only the last row too)
-    const std::vector<float> w = f32("model.norm.weight");
-    std::vector<float> x(static_cast<size_t>(H));
-    oracle::rmsnorm(probe("out").data() + (T - 1) * H, w.data(), x.data(), 1, H, s.rms_eps);
-    std::vector<float> ref(size_t(s.vocab));
-    oracle::linear(x.data(), 1, model.lm_head(), nullptr, ref.data(), host_threads);
-    GuardedBuffer got(s.vocab);
-    static const std::vector<float> none;
-    target.op_linear(Stage::LmHead, x.data(), 1, model.lm_head().name, none, got.data());
-    chk.check("gemm", "lm_head", fmt::format("[1,{}]x[{},{}]^T", H, s.vocab, H), ref.data(), got, 1, s.vocab);
-  }
-
-  // rope (with Qwen3's q/k norm first): prefill at position 0 and one decode row far out
-  {
-    const std::vector<float> qb_ = qb ? f32(layer_tensor(0, "self_attn.q_proj.bias")) : std::vector<float>{};
-    const std::vector<float> kb_ = qb ? f32(layer_tensor(0, "self_attn.k_proj.bias")) : std::vector<float>{};
-    std::vector<float> q_raw(size_t(T * Q)), k_raw(size_t(T * KV));
-    oracle::linear(probe("attn_norm").data(), T, model.get(layer_tensor(0, "self_attn.q_proj.weight")),
-                   qb_.empty() ? nullptr : qb_.data(), q_raw.data(), host_threads);
-    oracle::linear(probe("attn_norm").data(), T, model.get(layer_tensor(0, "self_attn.k_proj.weight")),
-                   kb_.empty() ? nullptr : kb_.data(), k_raw.data(), host_threads);
-    const std::vector<float> qn = f32(layer_tensor(0, "self_attn.q_norm.weight")), kn = f32(layer_tensor(0, "self_attn.k_norm.weight"));
-    const std::vector<float> inv_freq = oracle::rope_inv_freq(s);
-    const std::string kname = s.qk_norm ? "qk_norm+rope" : "rope";
-    const int64_t far = long_position(s, 1);
-    for (auto [rows, pos] : {std::pair<int64_t, int64_t>{T, 0}, {1, far}}) {
-      const float* qin = q_raw.data() + (T - rows) * Q;
-      const float* kin = k_raw.data() + (T - rows) * KV;
-      std::vector<float> qref(qin, qin + rows * Q), kref(kin, kin + rows * KV);
-      if (s.qk_norm) {
-        oracle::rmsnorm(qref.data(), qn.data(), qref.data(), rows * s.n_heads, hd, s.rms_eps);
-        oracle::rmsnorm(kref.data(), kn.data(), kref.data(), rows * s.n_kv_heads, hd, s.rms_eps);
-      }
-      oracle::rope(qref.data(), rows, s.n_heads, hd, pos, inv_freq);
-      oracle::rope(kref.data(), rows, s.n_kv_heads, hd, pos, inv_freq);
-      GuardedBuffer qg = guarded_copy(qin, rows * Q), kg = guarded_copy(kin, rows * KV);
-      target.op_rope(0, qg.data(), kg.data(), rows, pos);
-      chk.check("rope", kname + " q", fmt::format("[{},{}] at position {}", rows, Q, pos), qref.data(), qg, rows, Q);
-      chk.check("rope", kname + " k", fmt::format("[{},{}] at position {}", rows, KV, pos), kref.data(), kg, rows, KV);
-    }
-  }
-
-  // kv_write + attention: the cache filled by one write, then prefill and decode attention
-  {
-    target.reset();
-    target.op_kv_write(0, 0, probe("k").data(), probe("v").data(), T);
-    GuardedBuffer kback(T * KV), vback(T * KV);
-    target.kv_read(0, 0, T, kback.data(), vback.data());
-    chk.check("kv_write", "keys round trip", fmt::format("[{},{}]", T, KV), probe("k").data(), kback, T, KV);
-    chk.check("kv_write", "values round trip", fmt::format("[{},{}]", T, KV), probe("v").data(), vback, T, KV);
-
-    GuardedBuffer att(T * Q);
-    target.op_attention(0, probe("q").data(), T, 0, att.data());
-    chk.check("attention", fmt::format("prefill causal gqa {}/{}", s.n_heads, s.n_kv_heads), fmt::format("[{},{}]", T, Q),
-              probe("attn").data(), att, T, Q);
-    GuardedBuffer att1(Q);
-    target.op_attention(0, probe("q").data() + (T - 1) * Q, 1, T - 1, att1.data());
-    chk.check("attention", fmt::format("decode gqa {}/{}", s.n_heads, s.n_kv_heads),
-              fmt::format("[1,{}] over {} cached", Q, T), probe("attn").data() + (T - 1) * Q, att1, 1, Q);
-    target.reset();
-
-    // The same attention with scores past exp's fp32 range: finite only if the kernel
-    // subtracts the row max (the reference is the oracle's on the same bf16 inputs).
-    const StressAttention st = stress_attention_inputs(s, probe("q"), probe("k"), probe("v"), T, kStressScore);
-    std::vector<float> ref(size_t(T * Q));
-    oracle::attention(st.q.data(), T, 0, st.k.data(), st.v.data(), s, ref.data(), host_threads);
-    target.op_kv_write(0, 0, st.k.data(), st.v.data(), T);
-    GuardedBuffer big(T * Q);
-    target.op_attention(0, st.q.data(), T, 0, big.data());
-    chk.check("attention", fmt::format("prefill, largest score {:.0f}", kStressScore), fmt::format("[{},{}]", T, Q), ref.data(),
-              big, T, Q);
-    target.reset();
-  }
-
-  // silu_mul and the residual add
-  {
-    GuardedBuffer got(T * I);
-    target.op_silu_mul(probe("gate").data(), probe("up").data(), T, got.data());
-    chk.check("silu_mul", "mlp act", fmt::format("[{},{}]", T, I), probe("act").data(), got, T, I);
-    GuardedBuffer h = guarded_copy(embed.data(), T * H);
-    target.op_add(Stage::AttnResidual, h.data(), probe("o_proj").data(), T);
-    chk.check("add", "attn_residual", TH, probe("attn_residual").data(), h, T, H);
-  }
-
-  out.pass = chk.n_failed == 0;
-  out.summary = fmt::format("{} kernel cases on {} ({}), {} failed", out.gates.size(), target.target(), target.isa(), chk.n_failed);
-  if (!out.pass) {
-    std::vector<std::string> names;
-    for (const GateResult& g : out.gates)
-      if (!g.pass()) names.push_back(g.subject);
-    out.diagnosis = "kernel(s) disagree with their oracle twin: " + fmt::format("{}", fmt::join(names, "; "));
-  }
-  return out;
-}
-
 // ---------------------------------------------------------------- phase 2: one block
 
 namespace {
@@ -655,18 +431,26 @@ BisectResult bisect_block(PhaseContext& ctx) {
   return r;
 }
 
+std::vector<GateResult> block_rows(PhaseContext& ctx, StagedRunner& target, const std::string& gate,
+                                   nlohmann::json* scenario_details) {
+  const ModelSpec& s = ctx.model.spec();
+  std::vector<GateResult> rows;
+  target.set_oracle_stages({});
+  for (const BlockScenario& sc : block_scenarios(ctx)) {
+    ctx.progress(fmt::format("[{}] layer 0 at {}", gate, sc.name));
+    TensorMetrics m;
+    rows.push_back(block_gate(sc, run_block(target, sc, s.hidden), s, &m));
+    rows.back().gate = gate;
+    if (scenario_details) scenario_details->push_back({{"scenario", sc.name}, {"metrics", m.to_json()}});
+  }
+  return rows;
+}
+
 PhaseOutcome run_phase2_block(PhaseContext& ctx) {
   PhaseOutcome out;
-  const ModelSpec& s = ctx.model.spec();
-  const auto scenarios = block_scenarios(ctx);
-  StagedRunner& target = ctx.target();
-  target.set_oracle_stages({});
-  for (const BlockScenario& sc : scenarios) {
-    ctx.progress(fmt::format("[phase 2] layer 0 at {}", sc.name));
-    TensorMetrics m;
-    out.gates.push_back(block_gate(sc, run_block(target, sc, s.hidden), s, &m));
-    out.details["scenarios"].push_back({{"scenario", sc.name}, {"metrics", m.to_json()}});
-  }
+  out.details["scenarios"] = nlohmann::json::array();
+  out.gates = block_rows(ctx, ctx.target(), "phase2.block", &out.details["scenarios"]);
+  const size_t n_scenarios = out.gates.size();
   out.pass = std::all_of(out.gates.begin(), out.gates.end(), [](const GateResult& g) { return g.pass(); });
   if (!out.pass) {
     ctx.progress("[phase 2] block gate failed: bisecting (one stage at a time swapped for the oracle's kernel)");
@@ -675,8 +459,11 @@ PhaseOutcome run_phase2_block(PhaseContext& ctx) {
     out.diagnosis = b.text();
   }
   double worst = 1;
-  for (const auto& d : out.details["scenarios"]) worst = std::min(worst, d["metrics"]["cosine"].get<double>());
-  out.summary = fmt::format("layer 0 over {} scenarios, worst cosine {}{}", scenarios.size(), fmt_metric(worst),
+  for (const auto& d : out.details["scenarios"]) {
+    const double c = gates::read_json_number(d["metrics"]["cosine"]);
+    worst = std::isnan(c) || std::isnan(worst) ? std::nan("") : std::min(worst, c);
+  }
+  out.summary = fmt::format("layer 0 over {} scenarios, worst cosine {}{}", n_scenarios, fmt_metric(worst),
                             out.pass ? "" : "; " + out.details["bisect"]["stage"].get<std::string>() + " named by bisect");
   return out;
 }
@@ -724,20 +511,26 @@ nlohmann::json model_gate_record(PhaseContext& ctx, StagedRunner& target, const 
     cos.push_back(gates::compare(ref.layers[size_t(l)].data(), got.at(n).data(), T, s.hidden).cosine);
     if (l > 0) cliff = std::max(cliff, cos[size_t(l - 1)] - cos[size_t(l)]);
   }
+  nlohmann::json cosines_json = nlohmann::json::array();
+  for (double c : cos) cosines_json.push_back(gates::json_number(c));
   const double p1 = gates::softmax_max_prob(lr.data(), s.vocab);
   const bool is_decisive = p1 > gates::threshold("phase3.decisive_prob");
   GateResult g;
   g.gate = "phase3.model";
   g.subject = fmt::format("\"{}\" ({} tokens{}, {} p={:.3f})", p.text, T, last_as_decode && T > 1 ? ", the last as a decode step" : "",
                           is_decisive ? "decisive" : "competitive", p1);
-  g.require("min_layer_cosine", *std::min_element(cos.begin(), cos.end()), ">=", "phase3.layer_cosine_min");
+  // A NaN cosine (a non-finite layer output) is the minimum: it must fail the check.
+  double min_cos = 1;
+  for (double c : cos) min_cos = std::isnan(c) || std::isnan(min_cos) ? std::nan("") : std::min(min_cos, c);
+  if (std::isnan(cliff)) cliff = std::numeric_limits<double>::infinity();
+  g.require("min_layer_cosine", min_cos, ">=", "phase3.layer_cosine_min");
   g.require("cliff", cliff, "<=", "phase3.cliff_max");
   g.require("logits_cosine", gates::cosine(lr.data(), lg.data(), s.vocab), ">=", "phase3.logits_cosine_min");
   if (is_decisive) g.require_fixed("top1_match", gates::top1_match(lr.data(), lg.data(), s.vocab) ? 1 : 0, "==", 1);
   else
     g.require_fixed("top5_two_way", gates::topk_two_way(lr.data(), lg.data(), s.vocab, int(gates::threshold("phase3.topk"))) ? 1 : 0,
                     "==", 1);
-  return {{"ids", p.ids}, {"text", p.text}, {"decisive", is_decisive}, {"top1_prob", p1}, {"layer_cosines", cos},
+  return {{"ids", p.ids}, {"text", p.text}, {"decisive", is_decisive}, {"top1_prob", p1}, {"layer_cosines", cosines_json},
           {"gate", g.to_json()}};
 }
 
@@ -769,9 +562,10 @@ PhaseOutcome run_phase3_model(PhaseContext& ctx) {
   if (!out.pass) {
     // Where along the depth does it go wrong? The first layer under the threshold.
     for (const auto& rec : out.details["prompts"]) {
-      const auto cos = rec["layer_cosines"].get<std::vector<double>>();
+      std::vector<double> cos;
+      for (const auto& c : rec["layer_cosines"]) cos.push_back(gates::read_json_number(c));
       for (size_t l = 0; l < cos.size(); ++l)
-        if (cos[l] < gates::threshold("phase3.layer_cosine_min")) {
+        if (!(cos[l] >= gates::threshold("phase3.layer_cosine_min"))) {
           out.diagnosis = fmt::format("\"{}\": hidden states first fall below the cosine limit at layer {} ({:.4f}); "
                                       "phases 1-2 passed, so suspect state carried across layers or positions",
                                       rec["text"].get<std::string>(), l, cos[l]);
@@ -864,7 +658,14 @@ std::vector<TokenizedDifferently> tokenized_differently(const Tokenizer& tok, co
 }
 
 PhaseOutcome run_phase6_integrate(PhaseContext& ctx) {
-  PhaseOutcome out;
+  // The executed plan is the gated plan: every op-table row (fused kernels included) and
+  // phase 2's block, re-run on the plan phases 4 and 5 produced, before the greedy match.
+  ctx.progress("[phase 6] the op table on the frozen plan");
+  PhaseOutcome out = kernel_rows_outcome(ctx.target(), ctx.op_inputs(), "phase6.kernel",
+                                         [&](const std::string& line) { ctx.progress("[phase 6] " + line); });
+  const std::string kernel_summary = out.summary;
+  const std::string kernel_diagnosis = out.diagnosis;
+  for (GateResult& g : block_rows(ctx, ctx.target(), "phase6.block", nullptr)) out.gates.push_back(std::move(g));
   const int n = int(gates::threshold("phase6.tokens"));
   const int k = int(gates::threshold("phase6.topk"));
   const std::vector<CanonicalPrompt> prompts = phase6_prompts(ctx.tokenizer());
@@ -920,9 +721,19 @@ PhaseOutcome run_phase6_integrate(PhaseContext& ctx) {
     out.details["target_predicted"] = predicted;
   const bool greedy_ok = std::all_of(out.gates.begin(), out.gates.end(),
                                      [](const GateResult& g) { return g.gate != "phase6.greedy" || g.pass(); });
-  out.summary = fmt::format("{} prompts x {} greedy tokens: {}; stop set: {}", prompts.size(), n, greedy_ok ? "match" : "mismatch",
-                            out.details["stop_set"]["missing"].empty() ? "every declared EOS id" : "ids missing");
-  if (!out.details["stop_set"]["missing"].empty())
+  const auto failed_in = [&](const char* gate) {
+    return std::count_if(out.gates.begin(), out.gates.end(), [&](const GateResult& g) { return g.gate == gate && !g.pass(); });
+  };
+  out.summary = fmt::format("{} prompts x {} greedy tokens: {}; stop set: {}; frozen plan: {}, block {}", prompts.size(), n,
+                            greedy_ok ? "match" : "mismatch",
+                            out.details["stop_set"]["missing"].empty() ? "every declared EOS id" : "ids missing",
+                            kernel_summary, failed_in("phase6.block") ? "fails" : "passes");
+  if (failed_in("phase6.kernel"))
+    out.diagnosis = "on the frozen plan, " + kernel_diagnosis + " (a rewrite of phases 4-5 changed a kernel phase 1 passed)";
+  else if (failed_in("phase6.block"))
+    out.diagnosis = "on the frozen plan, layer 0 disagrees with the oracle's block while every kernel passes: suspect how "
+                    "the rewritten plan wires the kernels (shared buffers, syncs)";
+  else if (!out.details["stop_set"]["missing"].empty())
     out.diagnosis = "generation would not stop on every end-of-sequence id the checkpoint declares (the runtime's stop set)";
   else if (!out.pass)
     out.diagnosis = "the integrated prefill+decode runner diverges from the oracle beyond the top-k rule; phases 1-3 "

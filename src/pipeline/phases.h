@@ -18,11 +18,14 @@
 
 namespace tessera {
 
+struct OpInputs;  // pipeline/op_table.h
+
 struct DeployOptions {
   std::string model_path;
   std::string out_dir;
   std::string target = "cpu";  // a name from target_names()
   FaultSet faults;            // checked against the target's faults
+  std::vector<std::string> perturbations;  // --perturb specs (pipeline/perturb.h), applied from outside the target
   std::string plan_name;      // "": the target's default plan
   std::string device;         // "": the target's default device (profile)
   int from_phase = -1;      // -1: resume at the first phase not passed
@@ -70,8 +73,12 @@ class PhaseContext {
     std::vector<float> logits;               // [vocab]
   };
   const OracleRun& oracle_run(const std::vector<int32_t>& ids);
+  // The op table's inputs (the oracle's layer 0 on the long prompt), computed once per run:
+  // phase 1, every rewrite phases 4 and 5 gate, and phase 6 run the table on them.
+  const OpInputs& op_inputs();
 
  private:
+  std::unique_ptr<OpInputs> op_inputs_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<OracleRunner> oracle_;
   std::unique_ptr<StagedRunner> target_;
@@ -121,7 +128,11 @@ struct TokenizedDifferently {
 std::vector<TokenizedDifferently> tokenized_differently(const Tokenizer& tok, const nlohmann::json& fixture);
 
 PhaseOutcome run_phase0_oracle(PhaseContext& ctx);
-PhaseOutcome run_phase1_kernels(PhaseContext& ctx);
+PhaseOutcome run_phase1_kernels(PhaseContext& ctx);  // pipeline/phase1_kernels.cc
+// Every op-table row on `target`, recorded under gate name `gate` (phase 1, and phase 6's
+// re-check of the frozen plan); the outcome's details hold "kernels" (kernel_registry).
+PhaseOutcome kernel_rows_outcome(StagedRunner& target, const OpInputs& in, const std::string& gate,
+                                 const std::function<void(const std::string&)>& progress);
 PhaseOutcome run_phase2_block(PhaseContext& ctx);
 PhaseOutcome run_phase3_model(PhaseContext& ctx);
 PhaseOutcome run_phase4_prefill_opt(PhaseContext& ctx);  // pipeline/optimize.cc

@@ -24,9 +24,9 @@ const std::vector<FaultInfo>& known_faults() {
       {"stale-kv", "kv_write", 2,
        "decode steps write a stale row (the previous step's keys and values) into the KV cache: right on the first call, wrong after"},
       {"bf16-accumulate", "gemm", 1, "GEMM/GEMV accumulate in bf16 instead of fp32"},
-      {"fused-qkv-swap", "qkv_proj", 2,
+      {"fused-qkv-swap", "qkv_proj", 1,
        "the fused q|k|v kernel writes the keys into v and the values into k (plans that fuse the projections; from "
-       "cpu-naive, phase 4's gate catches the merge rewrite and reverts it)"},
+       "cpu-naive, phase 4's gate (the op table on the rewritten plan) catches the merge rewrite and reverts it)"},
       // One more per porting-pitfalls.md row (the debug skills must name each).
       {"qk-rows-permuted", "qkv_proj", 1,
        "q and k come out with each head's rows in the GGUF llama order (pairs interleaved): a loader that forgot to "

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <string_view>
 
 #include "oracle/ops.h"
@@ -103,16 +104,41 @@ std::map<std::string, int64_t> LayeredRunner::op_counters() const {
 
 // --- the ops: the oracle's twin when the stage is swapped, else the target's kernel -------
 
+void LayeredRunner::tap(Stage s, int64_t layer, int64_t T, const char* name, float* data, int64_t rows, int64_t cols,
+                        bool fused) {
+  if (tap_) tap_->on_output({s, layer == -2 ? current_layer_ : layer, T, fused, name, data, rows, cols});
+}
+
+namespace {
+// The layer a canonical tensor name belongs to ("model.layers.3.mlp.up_proj.weight": 3), or -1.
+int64_t layer_of(const std::string& weight) {
+  constexpr std::string_view prefix = "model.layers.";
+  if (!weight.starts_with(prefix)) return -1;
+  return std::strtoll(weight.c_str() + prefix.size(), nullptr, 10);
+}
+// The short name of a projection's output ("q", "k", "v", "o", "gate", "up", "down"), or "".
+const char* output_name(const std::string& weight) {
+  for (const char* n : {"q", "k", "v", "o", "gate", "up", "down"})
+    if (weight.find(std::string(".") + n + "_proj.") != std::string::npos) return n;
+  return "";
+}
+}  // namespace
+
 void LayeredRunner::op_embedding(const int32_t* ids, int64_t T, float* out) {
-  if (!by_oracle(Stage::Embedding)) return kernel_embedding(ids, T, out);
-  const Weight& embed = model_.get("model.embed_tokens.weight");
-  for (int64_t t = 0; t < T; ++t) embed.row_f32(ids[t], out + t * spec().hidden);
+  if (!by_oracle(Stage::Embedding)) {
+    kernel_embedding(ids, T, out);
+  } else {
+    const Weight& embed = model_.get("model.embed_tokens.weight");
+    for (int64_t t = 0; t < T; ++t) embed.row_f32(ids[t], out + t * spec().hidden);
+  }
+  tap(Stage::Embedding, -1, T, "", out, T, spec().hidden);
 }
 
 void LayeredRunner::op_rmsnorm(Stage which, int64_t l, const float* x, int64_t T, float* out) {
   const std::vector<float>& w = norm_weight(which, l);
   if (by_oracle(which)) oracle::rmsnorm(x, w.data(), out, T, spec().hidden, spec().rms_eps);
   else kernel_rmsnorm(which, l, w.data(), x, T, out);
+  tap(which, which == Stage::FinalNorm ? -1 : l, T, "", out, T, spec().hidden);
 }
 
 void LayeredRunner::op_linear(Stage s, const float* x, int64_t T, const std::string& weight,
@@ -120,15 +146,26 @@ void LayeredRunner::op_linear(Stage s, const float* x, int64_t T, const std::str
   const float* b = bias.empty() ? nullptr : bias.data();
   if (by_oracle(s)) oracle::linear(x, T, model_.get(weight), b, y, oracle_threads());
   else kernel_linear(s, x, T, weight, b, y);
+  tap(s, s == Stage::LmHead ? -1 : layer_of(weight), T, output_name(weight), y, T, model_.get(weight).rows());
 }
 
 void LayeredRunner::op_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) {
-  if (!by_oracle(s)) return kernel_linears(s, x, T, outs);
-  for (const LinearOut& o : outs) oracle::linear(x, T, model_.get(o.weight), o.bias, o.y, oracle_threads());
+  if (!by_oracle(s)) kernel_linears(s, x, T, outs);
+  else
+    for (const LinearOut& o : outs) oracle::linear(x, T, model_.get(o.weight), o.bias, o.y, oracle_threads());
+  const bool fused = !by_oracle(s) && fuses_linears(s, T);
+  for (const LinearOut& o : outs)
+    tap(s, layer_of(o.weight), T, output_name(o.weight), o.y, T, model_.get(o.weight).rows(), fused);
 }
 
 void LayeredRunner::op_rope(int64_t l, float* q, float* k, int64_t T, int64_t pos) {
-  if (!by_oracle(Stage::Rope)) return kernel_rope(l, q, k, T, pos);
+  if (!by_oracle(Stage::Rope)) kernel_rope(l, q, k, T, pos);
+  else oracle_rope(l, q, k, T, pos);
+  tap(Stage::Rope, l, T, "q", q, T, spec().q_dim());
+  tap(Stage::Rope, l, T, "k", k, T, spec().kv_dim());
+}
+
+void LayeredRunner::oracle_rope(int64_t l, float* q, float* k, int64_t T, int64_t pos) {
   const ModelSpec& s = spec();
   const LayerParams& L = layer(l);
   if (s.qk_norm) {
@@ -140,28 +177,47 @@ void LayeredRunner::op_rope(int64_t l, float* q, float* k, int64_t T, int64_t po
 }
 
 void LayeredRunner::op_kv_write(int64_t l, int64_t rel, const float* k, const float* v, int64_t T) {
+  std::vector<float> kk, vv;
+  if (tap_) {  // what is written is what the tap leaves of k and v
+    const int64_t n = T * spec().kv_dim();
+    kk.assign(k, k + n);
+    vv.assign(v, v + n);
+    tap(Stage::KvWrite, l, T, "k", kk.data(), T, spec().kv_dim());
+    tap(Stage::KvWrite, l, T, "v", vv.data(), T, spec().kv_dim());
+    k = kk.data();
+    v = vv.data();
+  }
   if (by_oracle(Stage::KvWrite)) kv_store(l, rel, k, v, T);
   else kernel_kv_write(l, rel, k, v, T);
 }
 
 void LayeredRunner::op_attention(int64_t l, const float* q, int64_t T, int64_t rel, float* out) {
-  if (!by_oracle(Stage::Attention)) return kernel_attention(l, q, T, rel, out);
-  const int64_t KV = spec().kv_dim(), ctx = rel + T;
-  grow(scratch_, 2 * ctx * KV);
-  float *kk = scratch_.data(), *vv = scratch_.data() + ctx * KV;
-  kv_read(l, 0, ctx, kk, vv);
-  oracle::attention(q, T, rel, kk, vv, spec(), out, oracle_threads());
+  if (!by_oracle(Stage::Attention)) {
+    kernel_attention(l, q, T, rel, out);
+  } else {
+    const int64_t KV = spec().kv_dim(), ctx = rel + T;
+    grow(scratch_, 2 * ctx * KV);
+    float *kk = scratch_.data(), *vv = scratch_.data() + ctx * KV;
+    kv_read(l, 0, ctx, kk, vv);
+    oracle::attention(q, T, rel, kk, vv, spec(), out, oracle_threads());
+  }
+  tap(Stage::Attention, l, T, "", out, T, spec().q_dim());
 }
 
 void LayeredRunner::op_silu_mul(const float* gate, const float* up, int64_t T, float* out) {
   if (by_oracle(Stage::SiluMul)) oracle::silu_mul(gate, up, out, T * spec().intermediate);
   else kernel_silu_mul(gate, up, T, out);
+  tap(Stage::SiluMul, -2, T, "", out, T, spec().intermediate);
 }
 
 void LayeredRunner::op_add(Stage which, float* acc, const float* x, int64_t T) {
-  if (!by_oracle(which)) return kernel_add(which, acc, x, T);
-  const int64_t n = T * spec().hidden;
-  for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
+  if (!by_oracle(which)) {
+    kernel_add(which, acc, x, T);
+  } else {
+    const int64_t n = T * spec().hidden;
+    for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
+  }
+  tap(which, -2, T, "", acc, T, spec().hidden);
 }
 
 // --- the forward pass ----------------------------------------------------------------------
@@ -169,6 +225,7 @@ void LayeredRunner::op_add(Stage which, float* acc, const float* x, int64_t T) {
 void LayeredRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& probe, ProbeLevel level) {
   const ModelSpec& s = spec();
   const LayerParams& L = layers_[size_t(l)];
+  current_layer_ = l;
   const int64_t H = s.hidden, Q = s.q_dim(), KV = s.kv_dim(), I = s.intermediate;
   const std::string p = probe ? fmt::format("layers.{}.", l) : std::string();
   auto emit = [&](ProbeLevel needed, std::string_view name, const float* data, int64_t cols) {
@@ -244,6 +301,7 @@ void LayeredRunner::forward_layers(float* h, int64_t T, int64_t n_layers, const 
   grow(act_, T * s.intermediate);
   grow(down_, T * s.hidden);
   for (int64_t l = 0; l < n_layers; ++l) run_layer(l, h, T, probe, level);
+  current_layer_ = 0;
   position_ += T;
 }
 

@@ -43,11 +43,14 @@ class LayeredRunner : public StagedRunner {
   void op_rmsnorm(Stage which, int64_t layer, const float* x, int64_t T, float* out) final;
   void op_linear(Stage s, const float* x, int64_t T, const std::string& weight, const std::vector<float>& bias,
                  float* y) final;
+  void op_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) final;
   void op_rope(int64_t layer, float* q, float* k, int64_t T, int64_t pos) final;
   void op_kv_write(int64_t layer, int64_t rel, const float* k, const float* v, int64_t T) final;
   void op_attention(int64_t layer, const float* q, int64_t T, int64_t rel, float* out) final;
   void op_silu_mul(const float* gate, const float* up, int64_t T, float* out) final;
   void op_add(Stage which, float* acc, const float* x, int64_t T) final;
+
+  void set_output_tap(std::shared_ptr<OutputTap> tap) override { tap_ = std::move(tap); }
 
   // With profiling on: wall seconds spent in each stage since construction (or clear).
   std::map<std::string, double> stage_seconds() const;
@@ -77,12 +80,7 @@ class LayeredRunner : public StagedRunner {
   virtual void kernel_linear(Stage s, const float* x, int64_t T, const std::string& weight, const float* bias,
                              float* y) = 0;
   // The linears of one stage that share their input (q|k|v, gate|up). A target may run them
-  // as one kernel; by default, one kernel_linear after another.
-  struct LinearOut {
-    const std::string& weight;
-    const float* bias;  // may be null
-    float* y;
-  };
+  // as one kernel (and say so in fuses_linears); by default, one kernel_linear after another.
   virtual void kernel_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) {
     for (const LinearOut& o : outs) kernel_linear(s, x, T, o.weight, o.bias, o.y);
   }
@@ -106,14 +104,17 @@ class LayeredRunner : public StagedRunner {
 
  private:
   void run_layer(int64_t l, float* h, int64_t T, const ProbeFn& probe, ProbeLevel level);
-  // op_linear for a stage's linears that share x (the oracle's twin runs them one by one).
-  void op_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs);
   bool by_oracle(Stage s) const { return oracle_stages_.count(s) > 0; }
+  // Shows a stage's output to the tap, if any (layer -2: the layer being run).
+  void tap(Stage s, int64_t layer, int64_t T, const char* name, float* data, int64_t rows, int64_t cols, bool fused = false);
   void count(Stage s);
+  void oracle_rope(int64_t layer, float* q, float* k, int64_t T, int64_t pos);
   void lap(Stage next);
 
   FaultSet faults_;
   std::set<Stage> oracle_stages_;
+  std::shared_ptr<OutputTap> tap_;
+  int64_t current_layer_ = 0;  // the layer run_layer is in (phase 1's direct op_* calls: layer 0)
   bool profile_ = false;
   std::vector<LayerParams> layers_;
   std::vector<float> final_norm_;

@@ -1,8 +1,9 @@
 // Optimization skills (ARCHITECTURE section 5; phases 4 and 5): each a named plan rewrite
 // with a precondition. A target lists its skills in its TargetDef; the pipeline proposes
-// each skill's rewrites in turn, re-runs the phase-3 gate on a runner built from the
-// rewritten plan, measures it (StagedRunner::measure), and keeps the rewrite only when the
-// gate passes and the pass got strictly faster. The same names mean the hardware moves on
+// each skill's rewrites in turn, re-runs the gate (every op-table row, then phase 3's) on a
+// runner built from the rewritten plan, measures it (StagedRunner::measure), and keeps the
+// rewrite only when the gate passes and the pass got faster (predicted faster, or faster in
+// every interleaved round of wall time). The same names mean the hardware moves on
 // npusim and their CPU equivalents on cpu.
 #pragma once
 #include <functional>

@@ -17,14 +17,32 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "oracle/numerics.h"
 #include "targets/opt_skills.h"
 #include "targets/stages.h"
 #include "targets/target.h"
 
 namespace tessera {
+
+// One output of one stage, as a tap sees it (StagedRunner::set_output_tap).
+struct StageOutput {
+  Stage stage = Stage::Count;
+  int64_t layer = -1;   // -1: not a per-layer stage (embedding, final norm, LM head)
+  int64_t tokens = 0;   // tokens in the step (1: a decode step)
+  bool fused = false;   // computed by a fused kernel (fuses_linears)
+  const char* name = "";  // which output of the stage: "q", "k", "v", "gate", "up", or ""
+  float* data = nullptr;  // rows x cols, changeable
+  int64_t rows = 0, cols = 0;
+};
+class OutputTap {
+ public:
+  virtual ~OutputTap() = default;
+  virtual void on_output(const StageOutput& out) = 0;
+};
 
 class StagedRunner : public ModelRunner {
  public:
@@ -57,6 +75,27 @@ class StagedRunner : public ModelRunner {
   //   GateUpProj, DownProj, LmHead), `weight` its canonical tensor name
   virtual void op_linear(Stage s, const float* x, int64_t T, const std::string& weight, const std::vector<float>& bias,
                          float* y) = 0;
+  //   the linears of one stage that share their input (q|k|v, gate|up), as the forward pass
+  //   runs them: one fused kernel where the plan fuses them (fuses_linears), else one
+  //   op_linear each. Phase 1 gates this call, so the fused kernel is the one gated.
+  struct LinearOut {
+    const std::string& weight;
+    const float* bias;  // may be null
+    float* y;
+  };
+  virtual void op_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) = 0;
+  //   whether op_linears runs stage `s`'s linears as one kernel for a step of T tokens
+  virtual bool fuses_linears(Stage s, int64_t T) const { return false; }
+
+  // Test scaffolding hooks in from outside, never inside a kernel: a tap sees every stage's
+  // output as the forward pass (or an op_* call) produced it, and may change it (the
+  // perturbations of pipeline/perturb.h). nullptr: none.
+  virtual void set_output_tap(std::shared_ptr<OutputTap> tap) = 0;
+
+  // Where this target rounds and which approximations it uses (oracle/numerics.h) for
+  // stage `s` in a step of T tokens (a plan may place a stage on another processor): the
+  // expected error of each of its kernels, and so phase 1's limits, follow from it.
+  virtual oracle::Numerics numerics(Stage s, int64_t T) const = 0;
   //   RoPE at positions [pos, pos + T) on q [T, Q] and k [T, KV] in place (Qwen3: q/k norm first)
   virtual void op_rope(int64_t layer, float* q, float* k, int64_t T, int64_t pos) = 0;
   //   k, v [T, KV] into the cache rows [rel, rel + T) of `layer`

@@ -167,6 +167,21 @@ std::string CpuRunner::description() const { return fmt::format("cpu ({}, {} thr
 
 std::string CpuRunner::isa() const { return cpu::isa(); }
 
+oracle::Numerics CpuRunner::numerics(Stage, int64_t) const {
+  oracle::Numerics n;
+  n.name = "cpu";
+  // matmul rounds the activations to bf16 once per call; the weights are bf16 (mapped or
+  // converted once at load); everything else runs in fp32; the KV cache stores fp16.
+  n.weights = n.matmul_inputs = oracle::Precision::BF16;
+  n.kv_cache = oracle::Precision::F16;
+  return n;
+}
+
+bool CpuRunner::fuses_linears(Stage s, int64_t T) const {
+  if (s != Stage::QkvProj && s != Stage::GateUpProj) return false;
+  return T == 1 ? options_.fused_decode : options_.fused_prefill;
+}
+
 nlohmann::json CpuRunner::build_plan(const Model& model) const {
   const ModelSpec& s = model.spec();
   nlohmann::json plan;

@@ -49,6 +49,9 @@ class CpuRunner final : public LayeredRunner {
   std::string target() const override { return "cpu"; }
   std::string description() const override;  // "cpu (avx512bf16, 2 threads)"
   std::string isa() const override;          // cpu::isa()
+  // bf16 weights and GEMM operands, fp32 accumulation and activations, an fp16 KV cache.
+  oracle::Numerics numerics(Stage s, int64_t T) const override;
+  bool fuses_linears(Stage s, int64_t T) const override;
   void kv_read(int64_t layer, int64_t rel, int64_t T, float* k, float* v) override;
   // Every op on the cpu, one per dispatch, with the ISA, threads, the kernels' fusion per
   // pass (plan["cpu"]["kernels"]), the weights' residency and the KV cache.

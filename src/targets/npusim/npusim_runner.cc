@@ -8,6 +8,7 @@
 
 #include "oracle/ops.h"
 #include "targets/cpu/kernels.h"
+#include "targets/npusim/numerics.h"
 #include "targets/npusim/ops.h"
 #include "targets/npusim/predict.h"
 #include "targets/stages.h"
@@ -116,6 +117,40 @@ std::string NpuSimRunner::description() const {
 }
 
 std::string NpuSimRunner::isa() const { return "aie2p (modelled)"; }
+
+oracle::Numerics NpuSimRunner::numerics(Stage s, int64_t T) const {
+  using oracle::Precision;
+  oracle::Numerics n;
+  n.weights = n.matmul_inputs = Precision::BF16;  // the weight store is bf16 wherever it runs
+  const Placement p = where(s, T);
+  if (p == Placement::Host) {
+    n.name = "npusim host (fp32)";
+    n.kv_cache = Precision::BF16;
+    return n;
+  }
+  // On the array (npusim/numerics.h): bf16 in and out of every tile, fp32 accumulators,
+  // the aie2p kernels' exp, 1/sqrt and SiLU.
+  n.name = p == Placement::Npu ? "npusim array" : "npusim array, host softmax";
+  n.activations = n.kv_cache = n.norm_weights = n.norm_scale = n.rope_table = Precision::BF16;
+  n.norm_rounds_product = true;
+  // The residual stream stays fp32 in DDR: the add tiles read and write fp32.
+  if (s == Stage::AttnResidual || s == Stage::MlpResidual) n.activations = Precision::F32;
+  n.rsqrt = npusim::rsqrt_approx;
+  n.silu = npusim::silu_bf16;
+  n.approximations = "1/sqrt: bit-trick + one Newton step; SiLU: x * 0.5 * (1 + tanh(x/2)) in bf16";
+  if (p == Placement::Npu) {
+    n.softmax_probs = Precision::BF16;
+    n.exp = npusim::exp_bf16;
+    n.approximations += "; exp: 2^(x * bf16 log2e) by a bf16 cubic";
+  } else if (s == Stage::Attention) {
+    // Scores and the value product as array GEMMs around an fp32 host softmax: bf16 queries
+    // and normalized probabilities in, fp32 out of the accumulator.
+    n.attention_q = n.softmax_probs = Precision::BF16;
+    n.probs_normalized = true;
+    n.activations = Precision::F32;
+  }
+  return n;
+}
 
 int64_t NpuSimRunner::weight_bytes_per_token() const { return decode_weight_bytes(*weights_); }
 

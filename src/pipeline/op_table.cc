@@ -1,0 +1,515 @@
+#include "pipeline/op_table.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "model/tensors.h"
+#include "oracle/emulate.h"
+#include "oracle/ops.h"
+#include "pipeline/capture.h"
+#include "pipeline/phases.h"
+#include "util/error.h"
+#include "util/stats.h"
+
+namespace tessera {
+
+using gates::GateResult;
+using gates::GuardedBuffer;
+using gates::TensorMetrics;
+namespace em = oracle::emulated;
+
+const std::vector<float>& OpInputs::at(const std::string& name) const {
+  auto it = probe.find(name);
+  if (it == probe.end()) fail("internal: op table input '{}' was not captured", name);
+  return it->second;
+}
+
+OpInputs op_inputs(const Model& model, OracleRunner& oracle, std::vector<int32_t> ids, int host_threads) {
+  OpInputs in;
+  in.model = &model;
+  in.T = int64_t(ids.size());
+  in.ids = std::move(ids);
+  in.host_threads = host_threads;
+  Capture cap;
+  oracle.reset();
+  oracle.forward(in.ids, false, cap.fn([](const std::string& n) { return n == "embed" || n.starts_with("layers.0."); }),
+                 ProbeLevel::All);
+  oracle.reset();
+  for (auto& [name, v] : cap.values) in.probe[name == "embed" ? name : name.substr(9)] = std::move(v);
+  return in;
+}
+
+namespace {
+
+// ---- helpers the rows share -----------------------------------------------------------
+
+std::vector<float> f32_or_empty(const Model& m, const std::string& name) {
+  const Weight* w = m.find(name);
+  return w ? w->to_f32() : std::vector<float>{};
+}
+
+std::vector<int64_t> all_columns(int64_t n) { return em::sample_columns(n, n); }
+
+// Every value of an output (elementwise ops are emulated in full).
+std::vector<std::vector<float>> whole(std::vector<std::vector<int64_t>>& cols, const std::vector<OpOutput>& outs,
+                                      std::vector<std::vector<float>> values) {
+  cols.clear();
+  for (const OpOutput& o : outs) cols.push_back(all_columns(o.cols));
+  return values;
+}
+
+// The linears of one stage, run as the forward pass runs them (op_linears: the fused kernel
+// where the plan fuses), at `rows` tokens (the last rows of x).
+struct LinearSpec {
+  std::string role, weight, bias;
+};
+OpCase linear_case(const OpInputs& in, Stage stage, const std::string& x_probe, std::vector<LinearSpec> specs,
+                   int64_t rows, std::vector<float> x_override = {}) {
+  const Model& m = *in.model;
+  auto x_all = std::make_shared<std::vector<float>>(x_override.empty() ? in.at(x_probe) : std::move(x_override));
+  const int64_t K = m.get(specs[0].weight).cols();
+  const int64_t avail = int64_t(x_all->size()) / K;
+  auto x = std::make_shared<std::vector<float>>(x_all->end() - rows * K, x_all->end());
+  OpCase c;
+  c.kernel = "gemm";
+  c.stage = stage;
+  c.tokens = rows;
+  (void)avail;
+  auto biases = std::make_shared<std::vector<std::vector<float>>>();
+  for (const LinearSpec& sp : specs) {
+    const Weight& w = m.get(sp.weight);
+    biases->push_back(sp.bias.empty() ? std::vector<float>{} : f32_or_empty(m, sp.bias));
+    OpOutput o;
+    o.role = sp.role + (biases->back().empty() ? "" : "+bias");
+    o.rows = rows;
+    o.cols = w.rows();
+    o.shape = fmt::format("[{},{}]x[{},{}]^T", rows, K, w.rows(), K);
+    o.ref.resize(size_t(rows * w.rows()));
+    oracle::linear(x->data(), rows, w, biases->back().empty() ? nullptr : biases->back().data(), o.ref.data(), in.host_threads);
+    c.outputs.push_back(std::move(o));
+  }
+  auto weights = std::make_shared<std::vector<std::string>>();
+  for (const LinearSpec& sp : specs) weights->push_back(sp.weight);
+  c.run = [x, weights, biases, stage, rows](StagedRunner& t, const std::vector<float*>& outs) {
+    if (stage == Stage::QkvProj || stage == Stage::GateUpProj) {
+      std::vector<StagedRunner::LinearOut> lo;
+      for (size_t i = 0; i < weights->size(); ++i)
+        lo.push_back({(*weights)[i], (*biases)[i].empty() ? nullptr : (*biases)[i].data(), outs[i]});
+      t.op_linears(stage, x->data(), rows, lo);
+    } else {
+      t.op_linear(stage, x->data(), rows, (*weights)[0], (*biases)[0], outs[0]);
+    }
+  };
+  const Model* mp = &m;
+  c.emulate = [x, weights, biases, rows, mp](const oracle::Numerics& num, std::vector<std::vector<int64_t>>& cols) {
+    std::vector<std::vector<float>> out;
+    cols.clear();
+    for (size_t i = 0; i < weights->size(); ++i) {
+      const Weight& w = mp->get((*weights)[i]);
+      // A large matrix's expected error is a statistic: 2048 of its output columns give it.
+      cols.push_back(em::sample_columns(w.rows(), 2048));
+      std::vector<float> y(size_t(rows) * cols.back().size());
+      em::linear(num, x->data(), rows, w, (*biases)[i].empty() ? nullptr : (*biases)[i].data(), cols.back(), y.data());
+      out.push_back(std::move(y));
+    }
+    return out;
+  };
+  return c;
+}
+
+OpOutput output(std::string role, std::string shape, int64_t rows, int64_t cols, std::vector<float> ref) {
+  return {std::move(role), std::move(shape), rows, cols, std::move(ref)};
+}
+
+// ---- the rows ----------------------------------------------------------------------------
+
+std::vector<OpCase> embedding_cases(const OpInputs& in) {
+  const ModelSpec& s = in.model->spec();
+  const int64_t T = in.T, H = s.hidden;
+  OpCase c;
+  c.kernel = "embedding";
+  c.stage = Stage::Embedding;
+  c.tokens = T;
+  c.outputs.push_back(output("embed_tokens", fmt::format("[{},{}]", T, H), T, H, in.at("embed")));
+  auto ids = std::make_shared<std::vector<int32_t>>(in.ids);
+  c.run = [ids](StagedRunner& t, const std::vector<float*>& o) { t.op_embedding(ids->data(), int64_t(ids->size()), o[0]); };
+  const Model* m = in.model;
+  c.emulate = [ids, m, H, c_outs = c.outputs](const oracle::Numerics& num, std::vector<std::vector<int64_t>>& cols) {
+    std::vector<float> y(ids->size() * size_t(H));
+    const Weight& e = m->get("model.embed_tokens.weight");
+    for (size_t t = 0; t < ids->size(); ++t) e.row_f32((*ids)[t], y.data() + t * size_t(H));
+    em::round_all(num.weights, y.data(), int64_t(y.size()));
+    em::round_all(num.activations, y.data(), int64_t(y.size()));
+    return whole(cols, c_outs, {std::move(y)});
+  };
+  return {c};
+}
+
+std::vector<OpCase> rmsnorm_cases(const OpInputs& in) {
+  const ModelSpec& s = in.model->spec();
+  const int64_t T = in.T, H = s.hidden;
+  std::vector<OpCase> out;
+  auto one = [&](const std::string& role, Stage which, const std::string& weight, const std::vector<float>& x,
+                 std::vector<float> ref) {
+    OpCase c;
+    c.kernel = "rmsnorm";
+    c.stage = which;
+    c.tokens = T;
+    c.outputs.push_back(output(role, fmt::format("[{},{}]", T, H), T, H, std::move(ref)));
+    auto xs = std::make_shared<std::vector<float>>(x);
+    auto w = std::make_shared<std::vector<float>>(in.model->get(weight).to_f32());
+    c.run = [xs, which, T](StagedRunner& t, const std::vector<float*>& o) { t.op_rmsnorm(which, 0, xs->data(), T, o[0]); };
+    const double eps = s.rms_eps;
+    c.emulate = [xs, w, T, H, eps, outs = c.outputs](const oracle::Numerics& num, std::vector<std::vector<int64_t>>& cols) {
+      std::vector<float> y(size_t(T * H));
+      em::rmsnorm(num, xs->data(), w->data(), y.data(), T, H, eps);
+      return whole(cols, outs, {std::move(y)});
+    };
+    out.push_back(std::move(c));
+  };
+  one("attn_norm", Stage::AttnNorm, layer_tensor(0, "input_layernorm.weight"), in.at("embed"), in.at("attn_norm"));
+  one("mlp_norm", Stage::MlpNorm, layer_tensor(0, "post_attention_layernorm.weight"), in.at("attn_residual"),
+      in.at("mlp_norm"));
+  std::vector<float> ref(size_t(T * H));
+  const std::vector<float> fw = in.model->get("model.norm.weight").to_f32();
+  oracle::rmsnorm(in.at("out").data(), fw.data(), ref.data(), T, H, s.rms_eps);
+  one("final_norm", Stage::FinalNorm, "model.norm.weight", in.at("out"), std::move(ref));
+  return out;
+}
+
+std::vector<OpCase> projection_cases(const OpInputs& in) {
+  const ModelSpec& s = in.model->spec();
+  auto t = [](const char* suffix) { return layer_tensor(0, suffix); };
+  auto b = [&](bool has, const char* suffix) { return has ? t(suffix) : std::string(); };
+  std::vector<OpCase> out;
+  for (int64_t rows : {in.T, int64_t(1)}) {
+    out.push_back(linear_case(in, Stage::QkvProj, "attn_norm",
+                              {{"q_proj", t("self_attn.q_proj.weight"), b(s.qkv_bias, "self_attn.q_proj.bias")},
+                               {"k_proj", t("self_attn.k_proj.weight"), b(s.qkv_bias, "self_attn.k_proj.bias")},
+                               {"v_proj", t("self_attn.v_proj.weight"), b(s.qkv_bias, "self_attn.v_proj.bias")}},
+                              rows));
+    out.push_back(linear_case(in, Stage::OProj, "attn",
+                              {{"o_proj", t("self_attn.o_proj.weight"), b(s.o_bias, "self_attn.o_proj.bias")}}, rows));
+    out.push_back(linear_case(in, Stage::GateUpProj, "mlp_norm",
+                              {{"gate_proj", t("mlp.gate_proj.weight"), b(s.mlp_bias, "mlp.gate_proj.bias")},
+                               {"up_proj", t("mlp.up_proj.weight"), b(s.mlp_bias, "mlp.up_proj.bias")}},
+                              rows));
+    out.push_back(linear_case(in, Stage::DownProj, "act",
+                              {{"down_proj", t("mlp.down_proj.weight"), b(s.mlp_bias, "mlp.down_proj.bias")}}, rows));
+  }
+  // The LM head at the decode shape (prefill needs only the last row too), on the final norm
+  // of layer 0's last row.
+  const std::vector<float> w = in.model->get("model.norm.weight").to_f32();
+  std::vector<float> x(size_t(s.hidden));
+  oracle::rmsnorm(in.at("out").data() + (in.T - 1) * s.hidden, w.data(), x.data(), 1, s.hidden, s.rms_eps);
+  out.push_back(linear_case(in, Stage::LmHead, "", {{"lm_head", in.model->lm_head().name, ""}}, 1, std::move(x)));
+  return out;
+}
+
+std::vector<OpCase> rope_cases(const OpInputs& in) {
+  const ModelSpec& s = in.model->spec();
+  const Model& m = *in.model;
+  const int64_t T = in.T, Q = s.q_dim(), KV = s.kv_dim(), hd = s.head_dim;
+  const std::vector<float> qb = f32_or_empty(m, layer_tensor(0, "self_attn.q_proj.bias"));
+  const std::vector<float> kb = f32_or_empty(m, layer_tensor(0, "self_attn.k_proj.bias"));
+  auto q_raw = std::make_shared<std::vector<float>>(size_t(T * Q));
+  auto k_raw = std::make_shared<std::vector<float>>(size_t(T * KV));
+  oracle::linear(in.at("attn_norm").data(), T, m.get(layer_tensor(0, "self_attn.q_proj.weight")), qb.empty() ? nullptr : qb.data(),
+                 q_raw->data(), in.host_threads);
+  oracle::linear(in.at("attn_norm").data(), T, m.get(layer_tensor(0, "self_attn.k_proj.weight")), kb.empty() ? nullptr : kb.data(),
+                 k_raw->data(), in.host_threads);
+  auto qn = std::make_shared<std::vector<float>>(f32_or_empty(m, layer_tensor(0, "self_attn.q_norm.weight")));
+  auto kn = std::make_shared<std::vector<float>>(f32_or_empty(m, layer_tensor(0, "self_attn.k_norm.weight")));
+  auto inv_freq = std::make_shared<std::vector<float>>(oracle::rope_inv_freq(s));
+  const std::string role = s.qk_norm ? "qk_norm+rope" : "rope";
+  std::vector<OpCase> out;
+  for (auto [rows, pos] : {std::pair<int64_t, int64_t>{T, 0}, {1, long_position(s, 1)}}) {
+    auto qin = std::make_shared<std::vector<float>>(q_raw->end() - rows * Q, q_raw->end());
+    auto kin = std::make_shared<std::vector<float>>(k_raw->end() - rows * KV, k_raw->end());
+    std::vector<float> qref = *qin, kref = *kin;
+    if (s.qk_norm) {
+      oracle::rmsnorm(qref.data(), qn->data(), qref.data(), rows * s.n_heads, hd, s.rms_eps);
+      oracle::rmsnorm(kref.data(), kn->data(), kref.data(), rows * s.n_kv_heads, hd, s.rms_eps);
+    }
+    oracle::rope(qref.data(), rows, s.n_heads, hd, pos, *inv_freq);
+    oracle::rope(kref.data(), rows, s.n_kv_heads, hd, pos, *inv_freq);
+    OpCase c;
+    c.kernel = "rope";
+    c.stage = Stage::Rope;
+    c.tokens = rows;
+    c.outputs.push_back(output(role + " q", fmt::format("[{},{}] at position {}", rows, Q, pos), rows, Q, std::move(qref)));
+    c.outputs.push_back(output(role + " k", fmt::format("[{},{}] at position {}", rows, KV, pos), rows, KV, std::move(kref)));
+    c.run = [qin, kin, rows, pos](StagedRunner& t, const std::vector<float*>& o) {
+      std::copy(qin->begin(), qin->end(), o[0]);
+      std::copy(kin->begin(), kin->end(), o[1]);
+      t.op_rope(0, o[0], o[1], rows, pos);
+    };
+    const ModelSpec spec = s;
+    c.emulate = [qin, kin, qn, kn, inv_freq, rows, pos, spec, outs = c.outputs](const oracle::Numerics& num,
+                                                                              std::vector<std::vector<int64_t>>& cols) {
+      std::vector<float> q = *qin, k = *kin;
+      if (spec.qk_norm) {
+        em::rmsnorm(num, q.data(), qn->data(), q.data(), rows * spec.n_heads, spec.head_dim, spec.rms_eps);
+        em::rmsnorm(num, k.data(), kn->data(), k.data(), rows * spec.n_kv_heads, spec.head_dim, spec.rms_eps);
+      }
+      em::rope(num, q.data(), rows, spec.n_heads, spec.head_dim, pos, *inv_freq);
+      em::rope(num, k.data(), rows, spec.n_kv_heads, spec.head_dim, pos, *inv_freq);
+      return whole(cols, outs, {std::move(q), std::move(k)});
+    };
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::vector<OpCase> kv_write_cases(const OpInputs& in) {
+  const ModelSpec& s = in.model->spec();
+  const int64_t T = in.T, KV = s.kv_dim();
+  OpCase c;
+  c.kernel = "kv_write";
+  c.stage = Stage::KvWrite;
+  c.tokens = T;
+  c.outputs.push_back(output("keys round trip", fmt::format("[{},{}]", T, KV), T, KV, in.at("k")));
+  c.outputs.push_back(output("values round trip", fmt::format("[{},{}]", T, KV), T, KV, in.at("v")));
+  auto k = std::make_shared<std::vector<float>>(in.at("k"));
+  auto v = std::make_shared<std::vector<float>>(in.at("v"));
+  c.run = [k, v, T](StagedRunner& t, const std::vector<float*>& o) {
+    t.reset();
+    t.op_kv_write(0, 0, k->data(), v->data(), T);
+    t.kv_read(0, 0, T, o[0], o[1]);
+    t.reset();
+  };
+  c.emulate = [k, v, outs = c.outputs](const oracle::Numerics& num, std::vector<std::vector<int64_t>>& cols) {
+    std::vector<float> kk = *k, vv = *v;
+    em::round_all(num.kv_cache, kk.data(), int64_t(kk.size()));
+    em::round_all(num.kv_cache, vv.data(), int64_t(vv.size()));
+    return whole(cols, outs, {std::move(kk), std::move(vv)});
+  };
+  return {c};
+}
+
+std::vector<OpCase> attention_cases(const OpInputs& in) {
+  const ModelSpec& s = in.model->spec();
+  const int64_t T = in.T, Q = s.q_dim();
+  std::vector<OpCase> out;
+  // rows: the last `rows` queries, at cache rows T - rows .. T - 1, over a cache of T rows.
+  auto one = [&](std::string role, std::string shape, std::vector<float> q_all, std::vector<float> k, std::vector<float> v,
+                 int64_t rows, std::vector<float> ref) {
+    OpCase c;
+    c.kernel = "attention";
+    c.stage = Stage::Attention;
+    c.tokens = rows;
+    c.outputs.push_back(output(std::move(role), std::move(shape), rows, Q, std::move(ref)));
+    auto q = std::make_shared<std::vector<float>>(q_all.end() - rows * Q, q_all.end());
+    auto kk = std::make_shared<std::vector<float>>(std::move(k));
+    auto vv = std::make_shared<std::vector<float>>(std::move(v));
+    c.run = [q, kk, vv, rows, T](StagedRunner& t, const std::vector<float*>& o) {
+      t.reset();
+      t.op_kv_write(0, 0, kk->data(), vv->data(), T);
+      t.op_attention(0, q->data(), rows, T - rows, o[0]);
+      t.reset();
+    };
+    const ModelSpec spec = s;
+    c.emulate = [q, kk, vv, rows, T, spec, outs = c.outputs](const oracle::Numerics& num, std::vector<std::vector<int64_t>>& cols) {
+      std::vector<float> y(size_t(rows * spec.q_dim()));
+      em::attention(num, q->data(), rows, T - rows, kk->data(), vv->data(), spec, y.data());
+      return whole(cols, outs, {std::move(y)});
+    };
+    out.push_back(std::move(c));
+  };
+  const std::string gqa = fmt::format("gqa {}/{}", s.n_heads, s.n_kv_heads);
+  one("prefill causal " + gqa, fmt::format("[{},{}]", T, Q), in.at("q"), in.at("k"), in.at("v"), T, in.at("attn"));
+  one("decode " + gqa, fmt::format("[1,{}] over {} cached", Q, T), in.at("q"), in.at("k"), in.at("v"), 1,
+      std::vector<float>(in.at("attn").end() - Q, in.at("attn").end()));
+  // The same attention with scores past exp's fp32 range: finite only if the kernel
+  // subtracts the row max (the reference is the oracle's on the same bf16 inputs).
+  const StressAttention st = stress_attention_inputs(s, in.at("q"), in.at("k"), in.at("v"), T, kStressScore);
+  std::vector<float> ref(size_t(T * Q));
+  oracle::attention(st.q.data(), T, 0, st.k.data(), st.v.data(), s, ref.data(), in.host_threads);
+  one(fmt::format("prefill, largest score {:.0f}", kStressScore), fmt::format("[{},{}]", T, Q), st.q, st.k, st.v, T,
+      std::move(ref));
+  return out;
+}
+
+std::vector<OpCase> silu_mul_cases(const OpInputs& in) {
+  const ModelSpec& s = in.model->spec();
+  const int64_t T = in.T, I = s.intermediate;
+  OpCase c;
+  c.kernel = "silu_mul";
+  c.stage = Stage::SiluMul;
+  c.tokens = T;
+  c.outputs.push_back(output("mlp act", fmt::format("[{},{}]", T, I), T, I, in.at("act")));
+  auto g = std::make_shared<std::vector<float>>(in.at("gate"));
+  auto u = std::make_shared<std::vector<float>>(in.at("up"));
+  c.run = [g, u, T](StagedRunner& t, const std::vector<float*>& o) { t.op_silu_mul(g->data(), u->data(), T, o[0]); };
+  c.emulate = [g, u, outs = c.outputs](const oracle::Numerics& num, std::vector<std::vector<int64_t>>& cols) {
+    std::vector<float> y(g->size());
+    em::silu_mul(num, g->data(), u->data(), y.data(), int64_t(y.size()));
+    return whole(cols, outs, {std::move(y)});
+  };
+  return {c};
+}
+
+std::vector<OpCase> add_cases(const OpInputs& in) {
+  const ModelSpec& s = in.model->spec();
+  const int64_t T = in.T, H = s.hidden;
+  std::vector<OpCase> out;
+  auto one = [&](const std::string& role, Stage which, const std::string& acc, const std::string& x, const std::string& ref) {
+    OpCase c;
+    c.kernel = "add";
+    c.stage = which;
+    c.tokens = T;
+    c.outputs.push_back(output(role, fmt::format("[{},{}]", T, H), T, H, in.at(ref)));
+    auto a = std::make_shared<std::vector<float>>(in.at(acc));
+    auto b = std::make_shared<std::vector<float>>(in.at(x));
+    c.run = [a, b, which, T](StagedRunner& t, const std::vector<float*>& o) {
+      std::copy(a->begin(), a->end(), o[0]);
+      t.op_add(which, o[0], b->data(), T);
+    };
+    c.emulate = [a, b, outs = c.outputs](const oracle::Numerics& num, std::vector<std::vector<int64_t>>& cols) {
+      std::vector<float> y = *a;
+      em::add(num, y.data(), b->data(), int64_t(y.size()));
+      return whole(cols, outs, {std::move(y)});
+    };
+    out.push_back(std::move(c));
+  };
+  one("attn_residual", Stage::AttnResidual, "embed", "o_proj", "attn_residual");
+  one("mlp_residual", Stage::MlpResidual, "attn_residual", "down", "out");
+  return out;
+}
+
+// The reference's values at the emulated columns.
+std::vector<float> pick_columns(const OpOutput& o, const std::vector<int64_t>& cols) {
+  if (int64_t(cols.size()) == o.cols) return o.ref;
+  std::vector<float> out;
+  out.reserve(size_t(o.rows) * cols.size());
+  for (int64_t r = 0; r < o.rows; ++r)
+    for (int64_t c : cols) out.push_back(o.ref[size_t(r * o.cols + c)]);
+  return out;
+}
+
+}  // namespace
+
+std::vector<OpRow>& op_table() {
+  static std::vector<OpRow> table = {
+      {"embedding", "the token embedding gather", embedding_cases},
+      {"rmsnorm", "attn_norm, mlp_norm and the final norm", rmsnorm_cases},
+      {"projections", "q|k|v, o, gate|up and down at the prefill and decode shapes as the plan runs them (fused where "
+                      "it fuses), and the LM head",
+       projection_cases},
+      {"rope", "RoPE (with Qwen3's q/k norm first) at position 0 and one decode row far out", rope_cases},
+      {"kv_write", "the KV cache write, read back", kv_write_cases},
+      {"attention", "causal GQA attention: prefill, decode over the cache, and scores past exp's fp32 range",
+       attention_cases},
+      {"silu_mul", "silu(gate) * up", silu_mul_cases},
+      {"add", "the two residual adds", add_cases},
+  };
+  return table;
+}
+
+// ---- the tolerance model and the harness --------------------------------------------------
+
+GateResult op_gate(const std::string& gate, const std::string& subject, const std::string& kernel,
+                   const TensorMetrics& expected, const TensorMetrics& measured, int64_t guard_bytes) {
+  GateResult g;
+  g.gate = gate;
+  g.subject = subject;
+  const std::string cls = kernel == "gemm" ? "phase1.gemm" : "phase1.kernel";
+  const double M = gates::threshold("phase1.margin");
+  // limit = max(margin x expected, floor), never looser than the outer bound.
+  auto derived = [&](const char* metric, double value, double margin_times_expected, const char* floor_key,
+                     const std::string& outer_key) {
+    g.require_derived(metric, value, "<=", std::max(margin_times_expected, gates::threshold(floor_key)), outer_key);
+  };
+  g.require("pearson", measured.pearson, ">=", cls + ".pearson_min");
+  // Error magnitudes: a margin above what the declared numerics give.
+  derived("nmse", measured.nmse, M * M * expected.nmse, "phase1.nmse_floor", cls + ".nmse_max");  // a squared error
+  const double exp_err = expected.ref_max > 0 ? expected.max_abs / expected.ref_max : 0;
+  derived("max_err", measured.ref_max > 0 ? measured.max_abs / measured.ref_max : measured.max_abs, M * exp_err,
+          "phase1.err_floor", "phase1.max_err_max");
+  // Systematic errors: the declared numerics predict the kernel's gain and offset (an
+  // approximate 1/sqrt has a bias of its own); the kernel must show that line, within the
+  // sampling noise of the estimates (about sqrt(nmse / n) each) times the margin.
+  const double noise = std::sqrt(std::max(expected.nmse, 0.0) / double(std::max<int64_t>(expected.count, 1))) +
+                       std::sqrt(std::max(measured.nmse, 0.0) / double(std::max<int64_t>(measured.count, 1)));
+  derived("gain_error", std::fabs(measured.gain - expected.gain), M * noise, "phase1.err_floor", "phase1.gain_error_max");
+  derived("offset_error", std::fabs(measured.offset - expected.offset), M * noise, "phase1.err_floor", "phase1.offset_max");
+  g.require_fixed("nonfinite_mismatch",
+                  double(std::abs((measured.nan_ref + measured.inf_ref) - (measured.nan_got + measured.inf_got))), "<=", 0);
+  g.require_fixed("guard_bytes_changed", double(guard_bytes), "<=", 0);
+  return g;
+}
+
+nlohmann::json OpResult::to_json() const {
+  nlohmann::json limits = nlohmann::json::object();
+  for (const gates::Check& c : gate.checks) limits[c.metric] = gates::json_number(c.limit);
+  nlohmann::json j = {{"kernel", kernel},     {"role", role},
+                      {"shape", shape},       {"op", op},
+                      {"stage", stage_name(stage)}, {"tokens", tokens},
+                      {"fused", fused},       {"numerics", numerics},
+                      {"expected", expected.to_json()}, {"metrics", measured.to_json()},
+                      {"limits", limits},     {"margin", gates::threshold("phase1.margin")},
+                      {"pass", gate.pass()}};
+  if (seconds > 0) j["seconds"] = seconds;
+  return j;
+}
+
+std::vector<OpResult> run_op_table(StagedRunner& target, const OpInputs& in, const OpHarnessOptions& opt) {
+  std::vector<OpResult> results;
+  for (const OpRow& row : op_table()) {
+    if (opt.progress) opt.progress(fmt::format("{}: {}", row.op, row.what));
+    for (OpCase& c : row.cases(in)) {
+      const oracle::Numerics num = target.numerics(c.stage, c.tokens);
+      std::vector<GuardedBuffer> bufs;
+      std::vector<float*> ptrs;
+      for (const OpOutput& o : c.outputs) bufs.emplace_back(o.rows * o.cols);
+      for (GuardedBuffer& b : bufs) ptrs.push_back(b.data());
+      c.run(target, ptrs);
+      double seconds = 0;
+      if (opt.perf_repeats > 0) {
+        std::vector<double> times;
+        for (int r = 0; r < opt.perf_repeats; ++r) {
+          const auto t0 = std::chrono::steady_clock::now();
+          c.run(target, ptrs);
+          times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+        seconds = median(times);
+      }
+      std::vector<std::vector<int64_t>> cols;
+      const std::vector<std::vector<float>> emulated = c.emulate(num, cols);
+      const bool fused = target.fuses_linears(c.stage, c.tokens) && c.outputs.size() > 1;
+      std::string fused_names;
+      for (const OpOutput& o : c.outputs) fused_names += (fused_names.empty() ? "" : "|") + o.role.substr(0, o.role.find('_'));
+      for (size_t i = 0; i < c.outputs.size(); ++i) {
+        const OpOutput& o = c.outputs[i];
+        OpResult r;
+        r.kernel = c.kernel;
+        r.role = o.role + (fused ? fmt::format(" (fused {})", fused_names) : "");
+        r.shape = o.shape;
+        r.op = row.op;
+        r.stage = c.stage;
+        r.tokens = c.tokens;
+        r.fused = fused;
+        r.numerics = num.name;
+        const std::vector<float> ref_cols = pick_columns(o, cols[i]);
+        r.expected = gates::compare(ref_cols.data(), emulated[i].data(), o.rows, int64_t(cols[i].size()));
+        r.measured = gates::compare(o.ref.data(), bufs[i].data(), o.rows, o.cols);
+        r.gate = op_gate(opt.gate, fmt::format("{} {} {}", r.kernel, r.role, r.shape), r.kernel, r.expected, r.measured,
+                         bufs[i].corrupted_bytes());
+        r.seconds = seconds;
+        r.rows = o.rows;
+        r.cols = o.cols;
+        if (opt.keep_outputs) {
+          r.ref = o.ref;
+          r.got.assign(bufs[i].data(), bufs[i].data() + o.rows * o.cols);
+        }
+        results.push_back(std::move(r));
+      }
+    }
+  }
+  return results;
+}
+
+}  // namespace tessera
