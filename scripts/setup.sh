@@ -68,6 +68,14 @@ else
   say "model ready: $MODEL (sha256 ok)"
 fi
 
+# Phase 0's references (transformers' outputs for the default model and the tiny presets,
+# made by tools/reference) go where `tessera deploy` looks for them.
+REFS="${TESSERA_REFERENCES:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera/references}"
+REFS="${REFS%%:*}"
+mkdir -p "$REFS"
+cp -r tests/fixtures/oracle/. "$REFS/"
+say "phase 0 references installed in $REFS"
+
 say "configuring (build/, Release)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 say "building"

@@ -157,14 +157,14 @@ inline const std::string& tiny_model(const std::string& preset) {
   return made[preset] = o.out_dir;
 }
 
-// The causes the debug skills confirmed, from issues.md's "Named cause(s): a, b" line.
+// The causes the debug skills confirmed, from issues.md's "Named cause(s): a; b" line.
 inline std::vector<std::string> named_causes(const std::string& issues_md) {
   std::vector<std::string> out;
   const std::string key = "Named cause(s): ";
   const size_t at = issues_md.rfind(key);
   if (at == std::string::npos) return out;
   std::stringstream line(issues_md.substr(at + key.size(), issues_md.find('\n', at) - at - key.size()));
-  for (std::string c; std::getline(line, c, ',');) out.push_back(c.substr(c.find_first_not_of(' ')));
+  for (std::string c; std::getline(line, c, ';');) out.push_back(c.substr(c.find_first_not_of(' ')));
   return out;
 }
 inline bool names_cause(const std::string& issues_md, const std::string& cause) {

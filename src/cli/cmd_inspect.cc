@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "io/weights.h"
 #include "model/default_model.h"
+#include "pipeline/op_table.h"
 #include "util/error.h"
 
 namespace tessera::cli {
@@ -55,7 +56,7 @@ void run_inspect(const InspectArgs& a) {
       params += w.info.numel();
     }
   const auto features = spec_features(s);
-  const auto kernels = spec_kernels(s);
+  const auto kernels = op_table_needs(s);  // the op table's rows: what phase 1 gates
 
   if (a.json) {
     nlohmann::json j;
@@ -86,7 +87,7 @@ void run_inspect(const InspectArgs& a) {
   fmt::print("\nfeatures\n");
   for (const auto& [k, v] : features) fmt::print("  {:<16} {}\n", k, v);
   fmt::print("\nkernels (per layer unless named otherwise; T = tokens)\n");
-  for (const auto& k : kernels) fmt::print("  {:<13} {:<14} {}\n", k.kernel, k.role, k.shape);
+  for (const auto& k : kernels) fmt::print("  {:<16} {:<16} {}\n", k.kernel, k.role, k.shape);
 }
 
 }  // namespace

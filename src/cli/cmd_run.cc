@@ -91,6 +91,8 @@ void run_run(const RunArgs& a) {
   Executor ex = open_executor(a.model, a.target, a.threads);
   Tokenizer tok = Tokenizer::for_model(*ex.model);
   ModelRunner& runner = *ex.runner;
+  // The first line says what runs and, for a deployment, whether phase 0 was verified.
+  if (!a.json) fmt::print(stderr, "running {} on {}\n", ex.model->path(), ex.description);
 
   refuse_unknown_special_tokens(tok, a.prompt);
   refuse_unknown_special_tokens(tok, a.system);

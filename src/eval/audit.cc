@@ -361,7 +361,14 @@ AuditResult audit_deployment(const AuditOptions& opts) {
 
   std::vector<std::string> missing;
   for (int p = 0; p <= kLastPhase; ++p)
-    if (dep.phase_status(p) != "passed") missing.push_back(fmt::format("phase {} {}", p, dep.phase_status(p)));
+    if (!phase_done(dep.phase_status(p))) missing.push_back(fmt::format("phase {} {}", p, dep.phase_status(p)));
+  // Phase 0 without an independent reference: nothing proved the oracle equal to
+  // transformers for this checkpoint, so the deployment is at best PASS-with-warnings.
+  if (dep.phase_status(0) == "unverified")
+    a.add("reference", "warn", "phase 0 is unverified: no transformers reference for this checkpoint (make one with "
+                               "tools/reference/make_reference.py and pass it to deploy --reference)");
+  else if (dep.phase_status(0) == "passed")
+    a.add("reference", "pass", "phase 0 compared the oracle with a transformers reference made for this checkpoint");
   const bool have_plan = fs::exists(dep.file("plan.json"));
   const nlohmann::json plan = have_plan ? read_json_file(dep.file("plan.json")) : nlohmann::json::object();
   if (!plan.value("frozen", false)) missing.push_back("plan not frozen");

@@ -51,7 +51,7 @@ void read_deployment(CampaignRow& row, const fs::path& dir, int threads) {
     if (!p.implemented) continue;
     ++row.phases_total;
     row.wall_s += dep.phase_record(p.id).value("wall_s", 0.0);  // the last run of each phase, as phase_timing.md
-    if (dep.phase_status(p.id) == "passed") ++row.phases_passed;
+    if (phase_done(dep.phase_status(p.id))) ++row.phases_passed;
     else if (row.failure.empty() && dep.phase_status(p.id) == "failed")
       row.failure = fmt::format("phase {}: {}", p.id, dep.phase_record(p.id).value("summary", ""));
   }

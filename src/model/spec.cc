@@ -377,40 +377,4 @@ std::vector<std::pair<std::string, std::string>> spec_features(const ModelSpec& 
   return f;
 }
 
-std::vector<KernelNeed> spec_kernels(const ModelSpec& s) {
-  const int64_t H = s.hidden, Q = s.q_dim(), KV = s.kv_dim(), I = s.intermediate, V = s.vocab;
-  auto gemm = [](int64_t k, int64_t n, bool bias) {
-    return fmt::format("[T,{}] x [{},{}]^T{}", k, n, k, bias ? " + bias" : "");
-  };
-  std::vector<KernelNeed> k;
-  k.push_back({"embedding", "embed_tokens", fmt::format("[{},{}] gather T rows", V, H)});
-  k.push_back({"rmsnorm", "attn_norm", fmt::format("[T,{}]", H)});
-  k.push_back({"gemm", "q_proj", gemm(H, Q, s.qkv_bias)});
-  k.push_back({"gemm", "k_proj", gemm(H, KV, s.qkv_bias)});
-  k.push_back({"gemm", "v_proj", gemm(H, KV, s.qkv_bias)});
-  if (s.qk_norm) {
-    k.push_back({"rmsnorm_head", "q_norm", fmt::format("[T,{},{}]", s.n_heads, s.head_dim)});
-    k.push_back({"rmsnorm_head", "k_norm", fmt::format("[T,{},{}]", s.n_kv_heads, s.head_dim)});
-  }
-  std::string rope = s.rope_scaling.type == RopeScaling::Type::Llama3 ? "rope_llama3" : "rope";
-  k.push_back({rope, "q", fmt::format("[T,{},{}]", s.n_heads, s.head_dim)});
-  k.push_back({rope, "k", fmt::format("[T,{},{}]", s.n_kv_heads, s.head_dim)});
-  k.push_back({"attention", "prefill", fmt::format("q [T,{},{}] kv [T,{},{}] causal, group {}", s.n_heads,
-                                                   s.head_dim, s.n_kv_heads, s.head_dim, s.gqa_group())});
-  k.push_back({"attention", "decode", fmt::format("q [1,{},{}] kv cache [ctx,{},{}], group {}", s.n_heads,
-                                                  s.head_dim, s.n_kv_heads, s.head_dim, s.gqa_group())});
-  k.push_back({"softmax", "attention", fmt::format("[{},T,ctx]", s.n_heads)});
-  k.push_back({"gemm", "o_proj", gemm(Q, H, s.o_bias)});
-  k.push_back({"add", "attn_residual", fmt::format("[T,{}]", H)});
-  k.push_back({"rmsnorm", "mlp_norm", fmt::format("[T,{}]", H)});
-  k.push_back({"gemm", "gate_proj", gemm(H, I, s.mlp_bias)});
-  k.push_back({"gemm", "up_proj", gemm(H, I, s.mlp_bias)});
-  k.push_back({"silu_mul", "act", fmt::format("[T,{}]", I)});
-  k.push_back({"gemm", "down_proj", gemm(I, H, s.mlp_bias)});
-  k.push_back({"add", "mlp_residual", fmt::format("[T,{}]", H)});
-  k.push_back({"rmsnorm", "final_norm", fmt::format("[T,{}]", H)});
-  k.push_back({"gemv", "lm_head", fmt::format("[1,{}] x [{},{}]^T{}", H, V, H, s.tie_embeddings ? " (tied)" : "")});
-  return k;
-}
-
 }  // namespace tessera

@@ -74,12 +74,12 @@ nlohmann::json spec_to_hf_config(const ModelSpec& spec);
 // Human-readable architecture features: GQA ratio, biases, q/k norm, rope scaling, tying.
 std::vector<std::pair<std::string, std::string>> spec_features(const ModelSpec& spec);
 
-// One (kernel, shape) pair the model needs; shapes use T for the token count.
+// One (kernel, shape) pair the model needs; shapes use T for the token count. The op table
+// (pipeline/op_table.h) lists them, row by row.
 struct KernelNeed {
   std::string kernel;  // "gemm", "rmsnorm", "rope", "attention", ...
   std::string role;    // "q_proj", "attn_norm", ...
   std::string shape;   // "[T,576] x [576,576]^T"
 };
-std::vector<KernelNeed> spec_kernels(const ModelSpec& spec);
 
 }  // namespace tessera

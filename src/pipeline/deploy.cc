@@ -123,6 +123,7 @@ void write_report(Deployment& dep) {
       if (p.id == 6 && j["details"].contains("target_timing")) report["figures"]["phase6_target_timing"] = j["details"]["target_timing"];
       if (p.id == 6 && j["details"].contains("target_predicted")) report["figures"]["predicted"] = j["details"]["target_predicted"];
       if ((p.id == 4 || p.id == 5) && j["details"].contains("steps")) report["optimization"][std::to_string(p.id)] = j["details"];
+      if (p.id == 0 && j["details"].contains("reference")) report["reference"] = j["details"]["reference"];
     }
     report["phases"][std::to_string(p.id)] = r;
   }
@@ -158,8 +159,8 @@ DeployResult deploy(const DeployOptions& opts) {
   DeployResult result;
   for (const PhaseDef& p : phase_defs()) {
     if (!p.implemented) continue;
-    if (dep.phase_status(p.id) == "passed") {
-      say(fmt::format("phase {} {}: passed in an earlier run (resumed)", p.id, p.name));
+    if (phase_done(dep.phase_status(p.id))) {
+      say(fmt::format("phase {} {}: {} in an earlier run (resumed)", p.id, p.name, dep.phase_status(p.id)));
       // The later phases run the plan the optimization phases left.
       if (p.id == 4 || p.id == 5) ctx.use_plan(read_json_file(dep.file("plan.json")));
       continue;
@@ -207,12 +208,13 @@ DeployResult deploy(const DeployOptions& opts) {
       write_json_atomic(dep.file("plan.json"), plan);
       dep.set_phase(p.id, {{"plan_sha256", plan_hash(plan)}});
     }
-    dep.set_phase(p.id, {{"status", o.pass ? "passed" : "failed"}, {"finished", now_iso8601()}, {"wall_s", wall}, {"summary", o.summary}});
+    const std::string status = !o.pass ? "failed" : o.status.empty() ? "passed" : o.status;
+    dep.set_phase(p.id, {{"status", status}, {"finished", now_iso8601()}, {"wall_s", wall}, {"summary", o.summary}});
     if (fs::exists(dep.file("plan.json"))) write_file_atomic(dep.file("plan.md"), plan_markdown(read_json_file(dep.file("plan.json")), dep.state()));
     dep.write_phase_timing();
     write_file_atomic(dep.file("gates.md"), gate_summary_markdown(dep));
     write_report(dep);
-    say(fmt::format("  -> {} ({:.1f} s): {}", o.pass ? "PASS" : "FAIL", wall, o.summary));
+    say(fmt::format("  -> {} ({:.1f} s): {}", !o.pass ? "FAIL" : status == "passed" ? "PASS" : "UNVERIFIED", wall, o.summary));
     if (!o.pass) {
       std::string body = o.diagnosis + "\n\nFailing gate rows:\n\n" + gates::GateResult::markdown_header() + "\n";
       for (const auto& g : o.gates)

@@ -109,6 +109,8 @@ Deployment Deployment::open_existing(const fs::path& dir) {
   return d;
 }
 
+bool phase_done(const std::string& status) { return status == "passed" || status == "unverified"; }
+
 std::string Deployment::phase_status(int id) const {
   return state_["phases"].value(std::to_string(id), nlohmann::json::object()).value("status", "pending");
 }

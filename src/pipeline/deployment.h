@@ -24,6 +24,10 @@ void write_file_atomic(const std::filesystem::path& path, const std::string& byt
 void write_json_atomic(const std::filesystem::path& path, const nlohmann::json& j);
 nlohmann::json read_json_file(const std::filesystem::path& path);  // throws naming the file
 
+// A phase whose work is done: "passed", or phase 0's "unverified" (no independent
+// reference: the oracle's own checks passed, nothing proved it equal to transformers).
+bool phase_done(const std::string& status);
+
 class Deployment {
  public:
   // Opens DIR for a deployment of `model_path` on `target`, creating it if needed. An
@@ -37,7 +41,7 @@ class Deployment {
   const nlohmann::json& state() const { return state_; }
   const nlohmann::json& identity() const { return state_["identity"]; }
 
-  std::string phase_status(int id) const;  // "pending", "running", "passed", "failed", "not-run"
+  std::string phase_status(int id) const;  // "pending", "running", "passed", "unverified", "failed", "not-run"
   nlohmann::json phase_record(int id) const;
   void set_phase(int id, const nlohmann::json& record);  // merges into state.json, saves
   // Marks phases >= id pending again (--from-phase) and removes their artifacts' resume data.

@@ -837,12 +837,6 @@ const std::vector<DebugSkill>& debug_skills() {
        "residual add (a phase 4/5 rewrite reverted by the gate)",
        "the merged dispatch's intermediate buffers: which are refreshed per call", {Stage::OProj, Stage::AttnResidual},
        nullptr, stale_intermediate},
-      {"error-shape", "a kernel row fails its limits (phase 1, a rewrite's op table, or the frozen plan's in phase 6)",
-       "the failing kernel: its constants and scales, per-head and per-position indexing, loop bounds, layout",
-       {Stage::Embedding, Stage::AttnNorm, Stage::QkvProj, Stage::Rope, Stage::KvWrite, Stage::Attention, Stage::OProj,
-        Stage::AttnResidual, Stage::MlpNorm, Stage::GateUpProj, Stage::SiluMul, Stage::DownProj, Stage::MlpResidual,
-        Stage::FinalNorm, Stage::LmHead},
-       nullptr, error_shape},
       {"lm-head", "the LM head's logits wrong (phase 1 lm_head row)", "which matrix the head reads; tie_word_embeddings",
        {Stage::LmHead}, nullptr, lm_head},
       {"mapping-refused", "the target refused a mapping (npusim checker)", "the refusal's tile and numbers; the mapping's tiles",
@@ -859,6 +853,13 @@ const std::vector<DebugSkill>& debug_skills() {
        [](const Failure& f) { return f.phase < 0; }, dispatch_overhead},
       {"audit-finding", "the independent evaluator (phase 7) failed the deployment", "evaluation_report.md; the named check",
        {}, [](const Failure& f) { return f.phase == 7; }, audit_findings},
+      // Last: the fault-specific skills name a cause first; error-shape describes the error's shape.
+      {"error-shape", "a kernel row fails its limits (phase 1, a rewrite's op table, or the frozen plan's in phase 6)",
+       "the failing kernel: its constants and scales, per-head and per-position indexing, loop bounds, layout",
+       {Stage::Embedding, Stage::AttnNorm, Stage::QkvProj, Stage::Rope, Stage::KvWrite, Stage::Attention, Stage::OProj,
+        Stage::AttnResidual, Stage::MlpNorm, Stage::GateUpProj, Stage::SiluMul, Stage::DownProj, Stage::MlpResidual,
+        Stage::FinalNorm, Stage::LmHead},
+       nullptr, error_shape},
   };
   return skills;
 }
@@ -894,7 +895,7 @@ std::string diagnoses_markdown(const std::vector<Diagnosis>& ds) {
     for (const std::string& c : d.confirmed_causes())
       if (std::find(causes.begin(), causes.end(), c) == causes.end()) causes.push_back(c);
   std::string md = causes.empty() ? "Debug skills ran; no hypothesis was confirmed (see the tables).\n"
-                                  : fmt::format("Named cause(s): {}\n", fmt::join(causes, ", "));
+                                  : fmt::format("Named cause(s): {}\n", fmt::join(causes, "; "));
   for (const Diagnosis& d : ds) md += "\n" + d.markdown();
   return md;
 }

@@ -54,7 +54,8 @@ Executor open_deployment(const std::string& dir, const ExecutorOptions& opts) {
   e.source = dir;
   e.deployment = true;
   e.description =
-      fmt::format("{}, deployment {} (plan {} frozen, sha256 {}...)", target, dir, plan.value("name", ""), want.substr(0, 12));
+      fmt::format("{}, deployment {} (plan {} frozen, sha256 {}...; phase 0 reference: {})", target, dir, plan.value("name", ""),
+                  want.substr(0, 12), dep.phase_status(0) == "passed" ? "verified" : dep.phase_status(0));
   return e;
 }
 

@@ -390,23 +390,71 @@ std::vector<float> pick_columns(const OpOutput& o, const std::vector<int64_t>& c
   return out;
 }
 
+// ---- what each row needs from a model, from its spec alone ---------------------------------
+
+std::vector<KernelNeed> embedding_needs(const ModelSpec& s) {
+  return {{"embedding", "embed_tokens", fmt::format("[{},{}] gather T rows", s.vocab, s.hidden)}};
+}
+std::vector<KernelNeed> rmsnorm_needs(const ModelSpec& s) {
+  std::vector<KernelNeed> k;
+  for (const char* r : {"attn_norm", "mlp_norm", "final_norm"}) k.push_back({"rmsnorm", r, fmt::format("[T,{}]", s.hidden)});
+  return k;
+}
+std::vector<KernelNeed> projection_needs(const ModelSpec& s) {
+  auto gemm = [](int64_t k, int64_t n, bool bias) { return fmt::format("[T,{}] x [{},{}]^T{}", k, n, k, bias ? " + bias" : ""); };
+  return {{"gemm", "q_proj", gemm(s.hidden, s.q_dim(), s.qkv_bias)},
+          {"gemm", "k_proj", gemm(s.hidden, s.kv_dim(), s.qkv_bias)},
+          {"gemm", "v_proj", gemm(s.hidden, s.kv_dim(), s.qkv_bias)},
+          {"gemm", "o_proj", gemm(s.q_dim(), s.hidden, s.o_bias)},
+          {"gemm", "gate_proj", gemm(s.hidden, s.intermediate, s.mlp_bias)},
+          {"gemm", "up_proj", gemm(s.hidden, s.intermediate, s.mlp_bias)},
+          {"gemm", "down_proj", gemm(s.intermediate, s.hidden, s.mlp_bias)},
+          {"gemv", "lm_head", fmt::format("[1,{}] x [{},{}]^T{}", s.hidden, s.vocab, s.hidden, s.tie_embeddings ? " (tied)" : "")}};
+}
+std::vector<KernelNeed> rope_needs(const ModelSpec& s) {
+  const std::string k = std::string(s.qk_norm ? "qk_norm+" : "") +
+                        (s.rope_scaling.type == RopeScaling::Type::Llama3 ? "rope_llama3" : "rope");
+  return {{k, "q", fmt::format("[T,{},{}]", s.n_heads, s.head_dim)}, {k, "k", fmt::format("[T,{},{}]", s.n_kv_heads, s.head_dim)}};
+}
+std::vector<KernelNeed> kv_write_needs(const ModelSpec& s) {
+  return {{"kv_write", "keys and values", fmt::format("[T,{}] x 2 into the cache", s.kv_dim())}};
+}
+std::vector<KernelNeed> attention_needs(const ModelSpec& s) {
+  return {{"attention", "prefill", fmt::format("q [T,{},{}] kv [T,{},{}] causal, group {}", s.n_heads, s.head_dim, s.n_kv_heads,
+                                               s.head_dim, s.gqa_group())},
+          {"attention", "decode", fmt::format("q [1,{},{}] kv cache [ctx,{},{}], group {}", s.n_heads, s.head_dim,
+                                              s.n_kv_heads, s.head_dim, s.gqa_group())}};
+}
+std::vector<KernelNeed> silu_mul_needs(const ModelSpec& s) { return {{"silu_mul", "act", fmt::format("[T,{}]", s.intermediate)}}; }
+std::vector<KernelNeed> add_needs(const ModelSpec& s) {
+  return {{"add", "attn_residual", fmt::format("[T,{}]", s.hidden)}, {"add", "mlp_residual", fmt::format("[T,{}]", s.hidden)}};
+}
+
 }  // namespace
 
 std::vector<OpRow>& op_table() {
   static std::vector<OpRow> table = {
-      {"embedding", "the token embedding gather", embedding_cases},
-      {"rmsnorm", "attn_norm, mlp_norm and the final norm", rmsnorm_cases},
+      {"embedding", "the token embedding gather", embedding_needs, embedding_cases},
+      {"rmsnorm", "attn_norm, mlp_norm and the final norm", rmsnorm_needs, rmsnorm_cases},
       {"projections", "q|k|v, o, gate|up and down at the prefill and decode shapes as the plan runs them (fused where "
                       "it fuses), and the LM head",
-       projection_cases},
-      {"rope", "RoPE (with Qwen3's q/k norm first) at position 0 and one decode row far out", rope_cases},
-      {"kv_write", "the KV cache write, read back", kv_write_cases},
+       projection_needs, projection_cases},
+      {"rope", "RoPE (with Qwen3's q/k norm first) at position 0 and one decode row far out", rope_needs, rope_cases},
+      {"kv_write", "the KV cache write, read back", kv_write_needs, kv_write_cases},
       {"attention", "causal GQA attention: prefill, decode over the cache, and scores past exp's fp32 range",
-       attention_cases},
-      {"silu_mul", "silu(gate) * up", silu_mul_cases},
-      {"add", "the two residual adds", add_cases},
+       attention_needs, attention_cases},
+      {"silu_mul", "silu(gate) * up", silu_mul_needs, silu_mul_cases},
+      {"add", "the two residual adds", add_needs, add_cases},
   };
   return table;
+}
+
+std::vector<KernelNeed> op_table_needs(const ModelSpec& spec) {
+  std::vector<KernelNeed> out;
+  for (const OpRow& row : op_table())
+    if (row.needs)
+      for (KernelNeed& k : row.needs(spec)) out.push_back(std::move(k));
+  return out;
 }
 
 // ---- the tolerance model and the harness --------------------------------------------------
@@ -461,7 +509,9 @@ std::vector<OpResult> run_op_table(StagedRunner& target, const OpInputs& in, con
   for (const OpRow& row : op_table()) {
     if (opt.progress) opt.progress(fmt::format("{}: {}", row.op, row.what));
     for (OpCase& c : row.cases(in)) {
-      const oracle::Numerics num = target.numerics(c.stage, c.tokens);
+      if (!opt.only_stages.empty() && !opt.only_stages.count(c.stage)) continue;
+      oracle::Numerics num = target.numerics(c.stage, c.tokens);
+      if (opt.numerics_variant) num = opt.numerics_variant(num);
       std::vector<GuardedBuffer> bufs;
       std::vector<float*> ptrs;
       for (const OpOutput& o : c.outputs) bufs.emplace_back(o.rows * o.cols);
@@ -504,6 +554,8 @@ std::vector<OpResult> run_op_table(StagedRunner& target, const OpInputs& in, con
         if (opt.keep_outputs) {
           r.ref = o.ref;
           r.got.assign(bufs[i].data(), bufs[i].data() + o.rows * o.cols);
+          r.emulated = emulated[i];
+          r.emulated_cols = cols[i];
         }
         results.push_back(std::move(r));
       }

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -58,14 +59,18 @@ struct OpCase {
   std::function<std::vector<std::vector<float>>(const oracle::Numerics&, std::vector<std::vector<int64_t>>& cols)> emulate;
 };
 
-// A row of the table: an op and how to make its cases for a model.
+// A row of the table: an op, what it needs from a model (shapes from the spec alone, for
+// `tessera inspect`), and how to make its cases on real activations.
 struct OpRow {
-  std::string op;    // "qkv_proj", "rmsnorm", ...
+  std::string op;    // "projections", "rmsnorm", ...
   std::string what;  // one line
+  std::function<std::vector<KernelNeed>(const ModelSpec&)> needs;
   std::function<std::vector<OpCase>(const OpInputs&)> cases;
 };
 // The table, built-in rows first; a new op is one more row (tests add one).
 std::vector<OpRow>& op_table();
+// Every row's needs for a model (T: tokens of a step).
+std::vector<KernelNeed> op_table_needs(const ModelSpec& spec);
 
 // The outcome of one output of one case.
 struct OpResult {
@@ -77,9 +82,11 @@ struct OpResult {
   gates::TensorMetrics expected, measured;
   gates::GateResult gate;
   double seconds = 0;     // perf mode: median wall time of the call
-  // With OpHarnessOptions::keep_outputs: the reference and the target's output (rows x cols).
+  // With OpHarnessOptions::keep_outputs: the reference and the target's output (rows x cols),
+  // and the emulation's values at the columns it covers.
   int64_t rows = 0, cols = 0;
-  std::vector<float> ref, got;
+  std::vector<float> ref, got, emulated;
+  std::vector<int64_t> emulated_cols;
   nlohmann::json to_json() const;
 };
 
@@ -87,6 +94,10 @@ struct OpHarnessOptions {
   std::string gate = "phase1.kernel";  // the gate name rows are recorded under
   int perf_repeats = 0;                // > 0: also time each case (median of this many)
   bool keep_outputs = false;           // keep each output's reference and target values (debug skills)
+  std::set<Stage> only_stages;         // non-empty: the cases of these stages only
+  // Changes the target's declared numerics before the emulation (a debug skill asking "would
+  // the kernel's numbers be right under other numerics?"); empty: as declared.
+  std::function<oracle::Numerics(const oracle::Numerics&)> numerics_variant;
   std::function<void(const std::string&)> progress;
 };
 std::vector<OpResult> run_op_table(StagedRunner& target, const OpInputs& in, const OpHarnessOptions& opt = {});

@@ -37,7 +37,7 @@ const OpInputs& PhaseContext::op_inputs() {
   if (!op_inputs_) {
     const int host_threads = opts.threads > 0 ? opts.threads : default_threads();
     // Real activations: the oracle's layer 0 on the concatenated canonical prompts.
-    std::vector<int32_t> ids = long_prompt(*this, 64);
+    std::vector<int32_t> ids = long_prompt(*this, kOpTableTokens);
     progress(fmt::format("[op table] oracle activations for {} tokens", ids.size()));
     op_inputs_ = std::make_unique<OpInputs>(tessera::op_inputs(model, oracle(), std::move(ids), host_threads));
   }

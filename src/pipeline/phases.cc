@@ -141,15 +141,35 @@ StressAttention stress_attention_inputs(const ModelSpec& s, const std::vector<fl
 
 // All canonical prompts concatenated (with their BOS where the family uses one), capped:
 // phase 1 and 2 want one longer sequence so that GEMM tiles and causal masks are exercised.
-std::vector<int32_t> long_prompt(PhaseContext& ctx, size_t cap) {
+std::vector<int32_t> long_prompt(const Tokenizer& tok, size_t cap) {
   std::vector<int32_t> ids;
-  for (const CanonicalPrompt& p : canonical_prompts(ctx.tokenizer())) ids.insert(ids.end(), p.ids.begin(), p.ids.end());
+  for (const CanonicalPrompt& p : canonical_prompts(tok)) ids.insert(ids.end(), p.ids.begin(), p.ids.end());
   if (ids.size() > cap) ids.resize(cap);
   return ids;
 }
-
+std::vector<int32_t> long_prompt(PhaseContext& ctx, size_t cap) { return long_prompt(ctx.tokenizer(), cap); }
 
 // ---------------------------------------------------------------- phase 0: oracle
+
+std::vector<std::string> reference_search_path() {
+  std::vector<std::string> out;
+  if (const char* env = std::getenv("TESSERA_REFERENCES"); env && *env) {
+    std::string s = env;
+    for (size_t at = 0;;) {
+      const size_t colon = s.find(':', at);
+      const std::string part = s.substr(at, colon == std::string::npos ? std::string::npos : colon - at);
+      if (!part.empty()) out.push_back(part);
+      if (colon == std::string::npos) break;
+      at = colon + 1;
+    }
+  }
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  if (xdg && *xdg) out.push_back((fs::path(xdg) / "tessera" / "references").string());
+  else if (home && *home) out.push_back((fs::path(home) / ".cache" / "tessera" / "references").string());
+  return out;
+}
+
 
 namespace {
 
@@ -158,40 +178,63 @@ struct FixtureMatch {
   nlohmann::json fixture;
 };
 
-// Golden fixtures made with transformers (tools/reference/oracle_fixtures.py) identify their
-// checkpoint by SHA-256; a cheap pre-filter (synth marker or file name) avoids hashing a
-// multi-GB model that no fixture could match.
-std::optional<FixtureMatch> find_fixture(const Model& model, const std::string& reference_dir, std::string* why) {
-  fs::path root = reference_dir.empty() ? fs::path(TESSERA_SOURCE_DIR) / "tests" / "fixtures" / "oracle" : fs::path(reference_dir);
-  if (!fs::exists(root)) {
-    *why = fmt::format("no reference fixtures at {}", root.string());
-    return std::nullopt;
-  }
+// References made with transformers (tools/reference) identify their checkpoint by
+// SHA-256; a cheap pre-filter (synth marker or file name) avoids hashing a multi-GB model
+// that no reference could match. A root is a reference directory (fixture.json) or a
+// directory of them.
+// The checkpoint's digest as tools/reference/make_reference.py computes it: a GGUF file's, or
+// a directory's single model.safetensors's sha256; for shards, the sha256 of the lines
+// "<name> <sha256>\n" over its *.safetensors files sorted by name.
+std::string checkpoint_digest(const Model& model, const std::vector<fs::path>& shards) {
+  if (model.format() == "gguf") return sha256_file_hex(model.path());
+  if (shards.size() == 1 && shards[0].filename() == "model.safetensors") return sha256_file_hex(shards[0].string());
+  std::string lines;
+  for (const fs::path& f : shards) lines += f.filename().string() + " " + sha256_file_hex(f.string()) + "\n";
+  return sha256_hex(lines);
+}
+
+std::optional<FixtureMatch> find_fixture(const Model& model, const std::vector<fs::path>& roots, std::string* why) {
   const fs::path mpath(model.path());
-  std::string file;
+  std::vector<fs::path> shards;  // a directory's weight files, sorted
+  std::map<std::string, uintmax_t> sizes;
   nlohmann::json marker;
-  if (model.format() == "gguf") {
-    file = mpath.string();
-  } else {
-    if (fs::exists(mpath / "model.safetensors")) file = (mpath / "model.safetensors").string();
+  if (model.format() != "gguf") {
+    for (const auto& e : fs::directory_iterator(mpath))
+      if (e.path().extension() == ".safetensors") shards.push_back(e.path());
+    std::sort(shards.begin(), shards.end());
+    for (const fs::path& f : shards) sizes[f.filename().string()] = fs::file_size(f);
     if (fs::exists(mpath / "tessera_synth.json")) marker = read_json_file(mpath / "tessera_synth.json");
   }
   std::string digest;
-  for (const auto& e : fs::directory_iterator(root)) {
-    if (!fs::exists(e.path() / "fixture.json")) continue;
-    nlohmann::json fx = read_json_file(e.path() / "fixture.json");
+  std::vector<fs::path> candidates;
+  for (const fs::path& root : roots) {
+    std::error_code ec;
+    if (fs::exists(root / "fixture.json")) candidates.push_back(root);
+    else if (fs::is_directory(root, ec))
+      for (const auto& e : fs::directory_iterator(root, ec))
+        if (fs::exists(e.path() / "fixture.json")) candidates.push_back(e.path());
+  }
+  std::sort(candidates.begin(), candidates.end());
+  for (const fs::path& dir : candidates) {
+    nlohmann::json fx = read_json_file(dir / "fixture.json");
     const nlohmann::json& src = fx["source"];
+    // A cheap pre-filter before hashing a checkpoint of gigabytes: the file name, the synth
+    // marker, or the weight files' names and sizes must agree.
     bool candidate = false;
     if (src.contains("gguf")) candidate = model.format() == "gguf" && mpath.filename() == src["gguf"].get<std::string>();
+    else if (model.format() == "gguf") candidate = false;
+    else if (src.contains("files")) candidate = src["files"].get<std::map<std::string, uintmax_t>>() == sizes;
     else if (!marker.is_null())
       candidate = marker.value("preset", "") == src.value("preset", "") && marker.value("tiny", false) == src.value("tiny", false) &&
                   marker.value("seed", -1) == src.value("seed", -2);
-    if (!candidate || file.empty()) continue;
-    if (digest.empty()) digest = sha256_file_hex(file);
-    if (digest == fx.value("checkpoint_sha256", "")) return FixtureMatch{e.path(), fx};
+    if (!candidate || (model.format() != "gguf" && shards.empty())) continue;
+    if (digest.empty()) digest = checkpoint_digest(model, shards);
+    if (digest == fx.value("checkpoint_sha256", "")) return FixtureMatch{dir, fx};
   }
-  *why = file.empty() ? "the checkpoint is not a single file a fixture can name"
-                      : fmt::format("no fixture in {} matches this checkpoint", root.string());
+  std::vector<std::string> names;
+  for (const fs::path& r : roots) names.push_back(r.string());
+  *why = fmt::format("no reference for this checkpoint in {} (tools/reference/make_reference.py makes one)",
+                     names.empty() ? std::string("the search path (empty)") : fmt::format("{}", fmt::join(names, ", ")));
   return std::nullopt;
 }
 
@@ -250,7 +293,13 @@ PhaseOutcome run_phase0_oracle(PhaseContext& ctx) {
 
   // 3. an independent reference, where one exists for this checkpoint
   std::string why;
-  const auto match = find_fixture(ctx.model, ctx.opts.reference_dir, &why);
+  std::vector<fs::path> roots;
+  if (!ctx.opts.reference_dir.empty()) roots.push_back(ctx.opts.reference_dir);
+  else
+    for (const std::string& d : reference_search_path()) roots.push_back(d);
+  const auto match = find_fixture(ctx.model, roots, &why);
+  if (!match && !ctx.opts.reference_dir.empty())
+    fail("--reference {}: {}", ctx.opts.reference_dir, why);  // asked for one: its absence is an error
   if (match) {
     const NpyArray hidden = read_npy((match->dir / "hidden.npy").string());
     const NpyArray ref_logits = read_npy((match->dir / "logits.npy").string());
@@ -322,9 +371,15 @@ PhaseOutcome run_phase0_oracle(PhaseContext& ctx) {
     }
   }
   out.pass = std::all_of(out.gates.begin(), out.gates.end(), [](const GateResult& g) { return g.pass(); });
-  out.summary = fmt::format("{} values finite; logits std {}; reference: {}", values,
+  // Without an independent reference the oracle checked only itself: its own status, never PASS.
+  if (out.pass && !match) out.status = "unverified";
+  out.details["reference"]["status"] = match ? "verified" : "unverified";
+  if (match) out.details["reference"]["dir"] = match->dir.string();
+  out.summary = fmt::format("{}: {} values finite; logits std {}; reference: {}", match ? "verified" : "unverified", values,
                             fmt_metric(std::sqrt(sq / double(logits.size()))),
-                            match ? "transformers fixture " + match->dir.filename().string() : "none (" + why + ")");
+                            match ? "transformers " + match->fixture.value("transformers_version", std::string("?")) +
+                                        " at " + match->dir.string()
+                                  : "none (" + why + ")");
   if (!out.pass) out.diagnosis = "the oracle itself, or the ids it is fed, is not trustworthy for this checkpoint: see the failing rows";
   return out;
 }

@@ -30,7 +30,9 @@ struct DeployOptions {
   std::string device;         // "": the target's default device (profile)
   int from_phase = -1;      // -1: resume at the first phase not passed
   int threads = 0;          // 0: default_threads()
-  std::string reference_dir;  // golden fixtures (transformers); "": the source tree's, if present
+  // Phase 0's independent reference (tools/reference): a reference directory or a directory
+  // of them; "": the search path (reference_search_path()).
+  std::string reference_dir;
   bool quiet = false;       // no progress lines
 };
 
@@ -39,6 +41,7 @@ TargetOptions target_options(const DeployOptions& opts);
 
 struct PhaseOutcome {
   bool pass = false;
+  std::string status;  // "": passed or failed by `pass`; phase 0 without a reference: "unverified"
   std::string summary;                   // one line
   std::vector<gates::GateResult> gates;  // every gate row the phase ran
   nlohmann::json details = nlohmann::json::object();
@@ -96,6 +99,10 @@ std::vector<CanonicalPrompt> canonical_prompts(const Tokenizer& tok);
 // skills want one longer sequence), and the far position RoPE is checked at (`room`
 // positions left before the model's context ends).
 std::vector<int32_t> long_prompt(PhaseContext& ctx, size_t cap);
+std::vector<int32_t> long_prompt(const Tokenizer& tok, size_t cap);
+// The op table's prompt: the long prompt capped at 64 tokens (phase 1, phases 4-6, the
+// debug skills and `tessera kernels` all gate on the same activations).
+constexpr size_t kOpTableTokens = 64;
 int64_t long_position(const ModelSpec& s, int64_t room);
 
 // Attention inputs whose largest causal score (scale included) is `max_score`, past exp's
@@ -127,6 +134,9 @@ struct TokenizedDifferently {
 };
 std::vector<TokenizedDifferently> tokenized_differently(const Tokenizer& tok, const nlohmann::json& fixture);
 
+// Where phase 0 looks for a reference made for the checkpoint: $TESSERA_REFERENCES (':'-
+// separated directories), then $XDG_CACHE_HOME/tessera/references (~/.cache/...).
+std::vector<std::string> reference_search_path();
 PhaseOutcome run_phase0_oracle(PhaseContext& ctx);
 PhaseOutcome run_phase1_kernels(PhaseContext& ctx);  // pipeline/phase1_kernels.cc
 // Every op-table row on `target`, recorded under gate name `gate` (phase 1, and phase 6's

@@ -45,7 +45,7 @@ std::string plan_markdown(const nlohmann::json& plan, const nlohmann::json& stat
   for (const PhaseDef& p : phase_defs()) {
     const nlohmann::json r = state["phases"].value(std::to_string(p.id), nlohmann::json::object());
     const std::string status = r.value("status", "pending");
-    md += fmt::format("- [{}] {} {}: {}{}\n", status == "passed" ? "x" : " ", p.id, p.name, status,
+    md += fmt::format("- [{}] {} {}: {}{}\n", phase_done(status) ? "x" : " ", p.id, p.name, status,
                       r.contains("summary") ? " — " + r["summary"].get<std::string>() : "");
   }
   return md;

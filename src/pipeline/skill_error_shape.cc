@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 #include "gates/gates.h"
@@ -105,14 +106,17 @@ void nonfinite(const Output& o, std::vector<Hypothesis>& out) {
                              bad, o.got.size(), first / o.cols, first % o.cols)});
 }
 
+// One line over the whole output.
 void systematic(const Output& o, std::vector<Hypothesis>& out) {
   const int64_t n = o.rows * o.cols;
   const auto [a, b] = fit(o.ref, o.got, 0, n, 1);
   std::vector<float> c(o.got.size());
   for (int64_t i = 0; i < n; ++i) c[size_t(i)] = float((o.got[size_t(i)] - b) / a);
   out.push_back(judge_with_cause(o, a, b, c));
-  // A scale per row (position) or per column (channel): an error that one number cannot fit.
-  if (out.back().verdict == "confirmed") return;
+}
+
+// A scale per row (position) or per column (channel): an error that one number cannot fit.
+void per_row_or_column_scale(const Output& o, std::vector<Hypothesis>& out) {
   if (o.cols >= 8) {
     std::vector<float> rc(o.got.size());
     double lo = 1e300, hi = -1e300;
@@ -126,6 +130,7 @@ void systematic(const Output& o, std::vector<Hypothesis>& out) {
                          fmt::format("per-row gains {:.4f} to {:.4f}: look at what the kernel computes once per row "
                                      "(a norm's mean or epsilon, a softmax sum, a position-dependent factor)",
                                      lo, hi)));
+    if (out.back().verdict == "confirmed") return;
   }
   if (o.rows >= 8) {
     std::vector<float> cc(o.got.size());
@@ -141,6 +146,27 @@ void systematic(const Output& o, std::vector<Hypothesis>& out) {
                                      "vector read at the wrong offset, a dequantization scale per block)",
                                      lo, hi)));
   }
+}
+
+// A few elements far off and the rest right: a race, a stray write, an index that hits the
+// wrong element once per row.
+void isolated(const Output& o, std::vector<Hypothesis>& out) {
+  const double big = std::max(8 * o.r.expected.max_abs, gates::threshold("phase1.err_floor") * o.r.measured.ref_max);
+  std::vector<float> v = o.got;
+  int64_t k = 0, worst_row = 0;
+  std::vector<int64_t> per_row(size_t(o.rows), 0);
+  for (int64_t i = 0; i < o.rows * o.cols; ++i)
+    if (std::fabs(double(o.got[size_t(i)]) - o.ref[size_t(i)]) > big) {
+      v[size_t(i)] = o.ref[size_t(i)];
+      ++k;
+      worst_row = std::max(worst_row, ++per_row[size_t(i / o.cols)]);
+    }
+  if (k == 0 || k > std::max<int64_t>(2 * o.rows, 1) || k * 100 > o.rows * o.cols) return;
+  out.push_back(judged(o, "a few isolated elements far off, the rest right",
+                       fmt::format("{} isolated wrong elements in {} (at most {} per row)", k, o.subject(), worst_row), v,
+                       fmt::format("{} of {} elements are off by more than 8x the expected largest error: look at a "
+                                   "stray write or an index that lands on the wrong element",
+                                   k, o.rows * o.cols)));
 }
 
 // Where the error is: the smallest set of heads, trailing columns or rows that holds most
@@ -182,11 +208,11 @@ void confined(const Output& o, int64_t head_dim, std::vector<Hypothesis>& out) {
       std::vector<bool> is(size_t(heads), false);
       for (int64_t h : picked) is[size_t(h)] = true;
       out.push_back(judged(o, fmt::format("the error is confined to {} of {} heads", picked.size(), heads),
-                           fmt::format("error confined to heads {} of {}", fmt::join(picked, ","), o.subject()),
+                           fmt::format("error confined to heads {} of {}", fmt::join(picked, " "), o.subject()),
                            repaired([&](int64_t, int64_t j) { return is[size_t(j / head_dim)]; }),
                            fmt::format("heads {} hold {:.0f}% of the error: look at per-head indexing (kv-head "
                                        "mapping, head offsets, a loop over fewer heads)",
-                                       fmt::join(picked, ","), 100 * acc / total)));
+                                       fmt::join(picked, " "), 100 * acc / total)));
     }
   }
   // A tail of columns: the first column from which on the rest holds most of the error.
@@ -219,7 +245,7 @@ void confined(const Output& o, int64_t head_dim, std::vector<Hypothesis>& out) {
       std::vector<bool> is(size_t(o.rows), false);
       for (int64_t r : picked) is[size_t(r)] = true;
       const std::string list = picked.size() > 8 ? fmt::format("{} rows from {} to {}", picked.size(), picked.front(), picked.back())
-                                                 : fmt::format("rows {}", fmt::join(picked, ","));
+                                                 : fmt::format("rows {}", fmt::join(picked, " "));
       out.push_back(judged(o, fmt::format("the error is confined to {} of {} positions (rows)", picked.size(), o.rows),
                            fmt::format("error confined to {} of {}", list, o.subject()),
                            repaired([&](int64_t r, int64_t) { return is[size_t(r)]; }),
@@ -282,6 +308,63 @@ void misplaced(const Output& o, std::vector<Hypothesis>& out) {
 }  // namespace
 
 
+// The kernel's numbers under numerics other than the declared ones: one rounding point
+// moved to another precision at a time. A variant whose emulation the output matches far
+// more closely than the exact reference (diagnose.separation_min) names where the kernel
+// rounds differently from what the target declares.
+void precision_variants(PhaseContext& ctx, StagedRunner& target, const Output& o, std::vector<Hypothesis>& out) {
+  using oracle::Numerics;
+  using oracle::Precision;
+  struct Field {
+    const char* name;
+    Precision Numerics::*field;
+  };
+  static const Field fields[] = {{"weights", &Numerics::weights},          {"GEMM inputs", &Numerics::matmul_inputs},
+                                 {"GEMM outputs", &Numerics::matmul_outputs}, {"activations", &Numerics::activations},
+                                 {"KV cache", &Numerics::kv_cache},        {"norm gains", &Numerics::norm_weights},
+                                 {"attention queries", &Numerics::attention_q},
+                                 {"softmax probabilities", &Numerics::softmax_probs},
+                                 {"RoPE table", &Numerics::rope_table},    {"1/rms", &Numerics::norm_scale}};
+  const double sep = gates::threshold("diagnose.separation_min");
+  const oracle::Numerics declared = target.numerics(o.r.stage, o.r.tokens);
+  for (const Field& f : fields)
+    for (Precision p : {Precision::F32, Precision::BF16, Precision::F16}) {
+      if (declared.*(f.field) == p) continue;
+      OpHarnessOptions opt;
+      opt.gate = "diagnose.kernel";
+      opt.keep_outputs = true;
+      opt.only_stages = {o.r.stage};
+      opt.numerics_variant = [&](const Numerics& n) {
+        Numerics v = n;
+        v.*(f.field) = p;
+        return v;
+      };
+      for (const OpResult& v : run_op_table(target, ctx.op_inputs(), opt)) {
+        if (v.gate.subject != o.subject()) continue;
+        // The target's output and the reference at the columns the variant covers.
+        std::vector<float> got, ref;
+        for (int64_t r = 0; r < o.rows; ++r)
+          for (int64_t c : v.emulated_cols) {
+            got.push_back(o.got[size_t(r * o.cols + c)]);
+            ref.push_back(o.ref[size_t(r * o.cols + c)]);
+          }
+        const int64_t C = int64_t(v.emulated_cols.size());
+        const double to_variant = gates::compare(v.emulated.data(), got.data(), o.rows, C).nmse;
+        const double to_ref = gates::compare(ref.data(), got.data(), o.rows, C).nmse;
+        if (!(to_variant * sep <= to_ref)) continue;
+        out.push_back({fmt::format("the kernel rounds its {} to {} (declared {})", f.name, oracle::precision_name(p),
+                                   oracle::precision_name(declared.*(f.field))),
+                       fmt::format("{} in {} instead of the declared {} in {}", f.name, oracle::precision_name(p),
+                                   oracle::precision_name(declared.*(f.field)), o.subject()),
+                       "confirmed",
+                       fmt::format("NMSE of the output against that variant's emulation {:.3g}, against the exact "
+                                   "reference {:.3g} (at least {}x closer to the variant)",
+                                   to_variant, to_ref, sep)});
+        return;
+      }
+    }
+}
+
 std::vector<Hypothesis> error_shape(PhaseContext& ctx, const Failure&) {
   std::unique_ptr<StagedRunner> target = ctx.fresh_target();
   OpHarnessOptions opt;
@@ -292,24 +375,32 @@ std::vector<Hypothesis> error_shape(PhaseContext& ctx, const Failure&) {
   int failing = 0;
   for (const OpResult& r : results) {
     if (r.gate.pass()) continue;
-    if (++failing > 6) break;  // the first few failing outputs say enough
+    if (++failing > 3) break;  // the first few failing outputs say enough
     const Output o{r, r.rows, r.cols, r.ref, r.got};
-    const size_t before = out.size();
-    nonfinite(o, out);
-    if (out.size() > before) continue;  // nothing else is measurable on NaN
-    systematic(o, out);
+    // Experiments from the most specific explanation to the least; the first that explains
+    // the whole error names the cause, and the ones before it stay as evidence.
     const bool has_heads = r.kernel == "attention" || r.kernel == "rope" || r.role.starts_with("q_proj") ||
                            r.role.starts_with("k_proj") || r.role.starts_with("v_proj");
-    confined(o, has_heads ? ctx.model.spec().head_dim : 0, out);
-    misplaced(o, out);
+    const std::vector<std::function<void()>> experiments = {
+        [&] { nonfinite(o, out); },
+        [&] { isolated(o, out); },
+        [&] { systematic(o, out); },
+        [&] { misplaced(o, out); },
+        [&] { per_row_or_column_scale(o, out); },
+        [&] { precision_variants(ctx, *target, o, out); },
+        [&] { confined(o, has_heads ? ctx.model.spec().head_dim : 0, out); },
+    };
+    for (const auto& run : experiments) {
+      const size_t before = out.size();
+      run();
+      if (std::any_of(out.begin() + long(before), out.end(), [](const Hypothesis& h) { return h.verdict == "confirmed"; }))
+        break;
+    }
   }
   if (failing == 0)
     out.push_back({"a kernel row fails on a fresh target", "no failing kernel row", "not applicable",
                    "every op-table row passes on a fresh target: the failure is in how the kernels are wired or in "
                    "state across calls (see the other skills)"});
-  // A confirmed hypothesis first; a ruled-out one stays as evidence of what the error is not.
-  std::stable_sort(out.begin(), out.end(),
-                   [](const Hypothesis& a, const Hypothesis& b) { return a.verdict == "confirmed" && b.verdict != "confirmed"; });
   return out;
 }
 
