@@ -130,7 +130,9 @@ TEST_P(DeployFault, CaughtByItsPhaseAndNamedByBisect) {
   EXPECT_EQ(causes.front(), c.fault) << issues;
   for (const std::string& cause : causes)
     for (const FaultInfo& f : target_faults("cpu"))
-      if (cause == f.name) EXPECT_EQ(cause, c.fault) << issues;
+      if (cause == f.name) {
+        EXPECT_EQ(cause, c.fault) << issues;
+      }
   // `tessera diagnose DIR` runs them again on demand (a second process: the Release run's).
 #ifndef TESSERA_SANITIZED
   const auto again = run_tessera("diagnose " + out.str("dep") + " --quiet");

@@ -59,9 +59,6 @@ struct DebugSkill {
 
 const std::vector<DebugSkill>& debug_skills();
 
-// The skills' experiments, one file each where they stand alone (skill_*.cc).
-std::vector<Hypothesis> error_shape(PhaseContext& ctx, const Failure& f);
-
 // Runs every skill that matches `f` (all stage skills when the record names no stage).
 std::vector<Diagnosis> run_debug_skills(PhaseContext& ctx, const Failure& f);
 // "Named cause(s): ..." and each diagnosis, for issues.md.

@@ -144,6 +144,10 @@ PhaseOutcome run_phase1_kernels(PhaseContext& ctx);  // pipeline/phase1_kernels.
 PhaseOutcome kernel_rows_outcome(StagedRunner& target, const OpInputs& in, const std::string& gate,
                                  const std::function<void(const std::string&)>& progress);
 PhaseOutcome run_phase2_block(PhaseContext& ctx);
+// Phase 2's gate rows (layer 0 at its scenarios) on `target`, recorded under `gate` (phase
+// 6 re-runs them on the frozen plan); the scenarios' metrics go to `scenario_details` if given.
+std::vector<gates::GateResult> block_rows(PhaseContext& ctx, StagedRunner& target, const std::string& gate,
+                                          nlohmann::json* scenario_details);
 PhaseOutcome run_phase3_model(PhaseContext& ctx);
 PhaseOutcome run_phase4_prefill_opt(PhaseContext& ctx);  // pipeline/optimize.cc
 PhaseOutcome run_phase5_decode_opt(PhaseContext& ctx);

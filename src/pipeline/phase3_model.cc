@@ -1,0 +1,127 @@
+#include "pipeline/phases.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "pipeline/capture.h"
+#include "pipeline/deployment.h"
+#include "util/error.h"
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+using gates::GateResult;
+
+namespace {
+// Phase 3's gate compares every layer's output ("layers.N.out").
+bool is_layer_output(const std::string& probe_name) { return probe_name.ends_with(".out"); }
+}  // namespace
+
+const PhaseContext::OracleRun& PhaseContext::oracle_run(const std::vector<int32_t>& ids) {
+  auto it = oracle_runs_.find(ids);
+  if (it != oracle_runs_.end()) return it->second;
+  Capture ref;
+  OracleRunner& o = oracle();
+  o.reset();
+  OracleRun run;
+  run.logits = o.forward(ids, false, ref.fn(is_layer_output), ProbeLevel::Layers);
+  for (int64_t l = 0; l < model.spec().n_layers; ++l) run.layers.push_back(ref.at(fmt::format("layers.{}.out", l)));
+  return oracle_runs_.emplace(ids, std::move(run)).first->second;
+}
+
+nlohmann::json model_gate_record(PhaseContext& ctx, StagedRunner& target, const CanonicalPrompt& p, bool last_as_decode) {
+  const ModelSpec& s = ctx.model.spec();
+  const PhaseContext::OracleRun& ref = ctx.oracle_run(p.ids);
+  const std::vector<float>& lr = ref.logits;
+  Capture got;
+  const ProbeFn probe = got.fn(is_layer_output);
+  target.reset();
+  std::vector<float> lg;
+  if (last_as_decode && p.ids.size() > 1) {
+    // The prompt but its last token as a prefill, then the last token as a decode step: the
+    // capture appends the step's rows, so the comparison is the same [T, hidden] per layer.
+    target.forward(std::span<const int32_t>(p.ids.data(), p.ids.size() - 1), false, probe, ProbeLevel::Layers);
+    lg = target.forward(std::span<const int32_t>(&p.ids.back(), 1), false, probe, ProbeLevel::Layers);
+  } else {
+    lg = target.forward(p.ids, false, probe, ProbeLevel::Layers);
+  }
+  const int64_t T = int64_t(p.ids.size());
+  std::vector<double> cos;
+  double cliff = 0;
+  for (int64_t l = 0; l < s.n_layers; ++l) {
+    const std::string n = fmt::format("layers.{}.out", l);
+    cos.push_back(gates::compare(ref.layers[size_t(l)].data(), got.at(n).data(), T, s.hidden).cosine);
+    if (l > 0) cliff = std::max(cliff, cos[size_t(l - 1)] - cos[size_t(l)]);
+  }
+  nlohmann::json cosines_json = nlohmann::json::array();
+  for (double c : cos) cosines_json.push_back(gates::json_number(c));
+  const double p1 = gates::softmax_max_prob(lr.data(), s.vocab);
+  const bool is_decisive = p1 > gates::threshold("phase3.decisive_prob");
+  GateResult g;
+  g.gate = "phase3.model";
+  g.subject = fmt::format("\"{}\" ({} tokens{}, {} p={:.3f})", p.text, T, last_as_decode && T > 1 ? ", the last as a decode step" : "",
+                          is_decisive ? "decisive" : "competitive", p1);
+  // A NaN cosine (a non-finite layer output) is the minimum: it must fail the check.
+  double min_cos = 1;
+  for (double c : cos) min_cos = std::isnan(c) || std::isnan(min_cos) ? std::nan("") : std::min(min_cos, c);
+  if (std::isnan(cliff)) cliff = std::numeric_limits<double>::infinity();
+  g.require("min_layer_cosine", min_cos, ">=", "phase3.layer_cosine_min");
+  g.require("cliff", cliff, "<=", "phase3.cliff_max");
+  g.require("logits_cosine", gates::cosine(lr.data(), lg.data(), s.vocab), ">=", "phase3.logits_cosine_min");
+  if (is_decisive) g.require_fixed("top1_match", gates::top1_match(lr.data(), lg.data(), s.vocab) ? 1 : 0, "==", 1);
+  else
+    g.require_fixed("top5_two_way", gates::topk_two_way(lr.data(), lg.data(), s.vocab, int(gates::threshold("phase3.topk"))) ? 1 : 0,
+                    "==", 1);
+  return {{"ids", p.ids}, {"text", p.text}, {"decisive", is_decisive}, {"top1_prob", p1}, {"layer_cosines", cosines_json},
+          {"gate", g.to_json()}};
+}
+
+PhaseOutcome run_phase3_model(PhaseContext& ctx) {
+  PhaseOutcome out;
+  const auto prompts = canonical_prompts(ctx.tokenizer());
+  const fs::path resume_dir = ctx.dep.file("phase3");
+  fs::create_directories(resume_dir);
+  int decisive = 0, resumed = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const CanonicalPrompt& p = prompts[i];
+    const fs::path item = resume_dir / fmt::format("prompt_{}.json", i);
+    nlohmann::json rec;
+    if (fs::exists(item) && (rec = read_json_file(item)).value("ids", std::vector<int32_t>{}) == p.ids) {
+      ++resumed;  // done before an interruption: the gate row is on disk
+    } else {
+      ctx.progress(fmt::format("[phase 3] prompt {}/{}: \"{}\" ({} tokens)", i + 1, prompts.size(), p.text, p.ids.size()));
+      rec = model_gate_record(ctx, ctx.target(), p);
+      write_json_atomic(item, rec);  // one prompt at a time: an interruption loses at most this one
+    }
+    decisive += rec["decisive"].get<bool>();
+    out.gates.push_back(GateResult::from_json(rec["gate"]));
+    out.details["prompts"].push_back(rec);
+  }
+  out.pass = std::all_of(out.gates.begin(), out.gates.end(), [](const GateResult& g) { return g.pass(); });
+  out.summary = fmt::format("{} prompts ({} decisive, {} competitive){}: {}", prompts.size(), decisive,
+                            prompts.size() - size_t(decisive), resumed ? fmt::format(", {} resumed from disk", resumed) : "",
+                            out.pass ? "all pass" : "failures");
+  if (!out.pass) {
+    // Where along the depth does it go wrong? The first layer under the threshold.
+    for (const auto& rec : out.details["prompts"]) {
+      std::vector<double> cos;
+      for (const auto& c : rec["layer_cosines"]) cos.push_back(gates::read_json_number(c));
+      for (size_t l = 0; l < cos.size(); ++l)
+        if (!(cos[l] >= gates::threshold("phase3.layer_cosine_min"))) {
+          out.diagnosis = fmt::format("\"{}\": hidden states first fall below the cosine limit at layer {} ({:.4f}); "
+                                      "phases 1-2 passed, so suspect state carried across layers or positions",
+                                      rec["text"].get<std::string>(), l, cos[l]);
+          break;
+        }
+      if (!out.diagnosis.empty()) break;
+    }
+    if (out.diagnosis.empty()) out.diagnosis = "layers agree but the logits or tokens do not: suspect the final norm or LM head";
+  }
+  return out;
+}
+
+}  // namespace tessera

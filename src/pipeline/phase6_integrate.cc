@@ -1,0 +1,164 @@
+#include "pipeline/phases.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "pipeline/op_table.h"
+#include "runtime/generate.h"
+#include "util/error.h"
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+using gates::GateResult;
+
+Greedy greedy(ModelRunner& r, const std::vector<int32_t>& prompt, int n, int k) {
+  Greedy g;
+  r.reset();
+  const int64_t vocab = r.spec().vocab;
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> logits = r.forward(prompt, false);
+  auto t1 = std::chrono::steady_clock::now();
+  g.prefill_s = std::chrono::duration<double>(t1 - t0).count();
+  for (int i = 0; i < n; ++i) {
+    g.topk.push_back(gates::top_k(logits.data(), vocab, k));
+    const int32_t next = g.topk.back()[0];
+    g.tokens.push_back(next);
+    if (i + 1 == n || r.position() + 1 >= r.spec().max_position) break;
+    logits = r.forward(std::span(&next, 1), false);
+  }
+  g.decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  return g;
+}
+
+std::vector<DeclaredEos> declared_eos_ids(const Model& model, const Tokenizer& tok) {
+  std::vector<DeclaredEos> out;
+  auto add = [&](int64_t id, const std::string& source) {
+    if (id < 0) return;
+    for (DeclaredEos& d : out)
+      if (d.id == id) {
+        d.source += ", " + source;
+        return;
+      }
+    out.push_back({int32_t(id), source});
+  };
+  if (const GgufFile* g = model.gguf()) {
+    for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
+      if (const GgufValue* v = g->find(key)) add(v->as_int(), key);
+    return out;
+  }
+  const std::filesystem::path dir(model.path());
+  auto ids_of = [&](const char* file, const char* key) {
+    const std::filesystem::path f = dir / file;
+    if (!std::filesystem::exists(f)) return;
+    const nlohmann::json j = read_json_file(f);
+    const auto it = j.find(key);
+    if (it == j.end()) return;
+    const std::string source = fmt::format("{} {}", file, key);
+    if (it->is_number_integer()) add(it->get<int64_t>(), source);
+    else if (it->is_array())
+      for (const auto& x : *it)
+        if (x.is_number_integer()) add(x.get<int64_t>(), source);
+  };
+  ids_of("config.json", "eos_token_id");
+  ids_of("generation_config.json", "eos_token_id");
+  if (const std::filesystem::path f = dir / "tokenizer_config.json"; std::filesystem::exists(f)) {
+    const nlohmann::json j = read_json_file(f);
+    if (const auto it = j.find("eos_token"); it != j.end()) {
+      const std::string text = it->is_string() ? it->get<std::string>() : it->is_object() ? it->value("content", "") : "";
+      if (const std::optional<int32_t> id = text.empty() ? std::nullopt : tok.token_id(text))
+        add(*id, fmt::format("tokenizer_config.json eos_token {}", text));
+    }
+  }
+  return out;
+}
+
+
+PhaseOutcome run_phase6_integrate(PhaseContext& ctx) {
+  // The executed plan is the gated plan: every op-table row (fused kernels included) and
+  // phase 2's block, re-run on the plan phases 4 and 5 produced, before the greedy match.
+  ctx.progress("[phase 6] the op table on the frozen plan");
+  PhaseOutcome out = kernel_rows_outcome(ctx.target(), ctx.op_inputs(), "phase6.kernel",
+                                         [&](const std::string& line) { ctx.progress("[phase 6] " + line); });
+  const std::string kernel_summary = out.summary;
+  const std::string kernel_diagnosis = out.diagnosis;
+  for (GateResult& g : block_rows(ctx, ctx.target(), "phase6.block", nullptr)) out.gates.push_back(std::move(g));
+  const int n = int(gates::threshold("phase6.tokens"));
+  const int k = int(gates::threshold("phase6.topk"));
+  const std::vector<CanonicalPrompt> prompts = phase6_prompts(ctx.tokenizer());
+  double prefill_tokens = 0, prefill_s = 0, decode_tokens = 0, decode_s = 0;
+  for (const CanonicalPrompt& p : prompts) {
+    ctx.progress(fmt::format("[phase 6] greedy {} tokens: \"{}\"", n, p.text));
+    const Greedy ref = greedy(ctx.oracle(), p.ids, n, k);
+    const Greedy got = greedy(ctx.target(), p.ids, n, k);
+    const gates::GreedyMatch m = gates::greedy_match(ref.tokens, got.tokens, ref.topk, got.topk);
+    GateResult g;
+    g.gate = "phase6.greedy";
+    g.subject = fmt::format("\"{}\" greedy {} tokens", p.text, n);
+    g.require("tokens_generated", double(std::min(ref.tokens.size(), got.tokens.size())), ">=", "phase6.tokens");
+    g.require_fixed("greedy_match", m.pass ? 1 : 0, "==", 1);
+    g.note = m.first_divergence < 0 ? "identical"
+                                    : fmt::format("first divergence at step {} (within top-{}: {})", m.first_divergence, k,
+                                                  m.divergence_within_topk ? "yes" : "no");
+    out.gates.push_back(g);
+    out.details["prompts"].push_back({{"text", p.text}, {"oracle_tokens", ref.tokens}, {"target_tokens", got.tokens},
+                                      {"match", m.to_json()}});
+    prefill_tokens += double(p.ids.size());
+    prefill_s += got.prefill_s;
+    decode_tokens += double(got.tokens.size() - 1);
+    decode_s += got.decode_s;
+  }
+  // Porting pitfall 13: the runtime `tessera run` uses must stop on every end-of-sequence id
+  // the checkpoint declares (read here from its files, not through the loader).
+  {
+    Generator gen(ctx.target(), ctx.tokenizer());
+    const std::vector<int32_t>& stops = gen.stop_ids();
+    const std::vector<DeclaredEos> declared = declared_eos_ids(ctx.model, ctx.tokenizer());
+    std::vector<std::string> missing;
+    nlohmann::json declared_j = nlohmann::json::array();
+    for (const DeclaredEos& d : declared) {
+      declared_j.push_back({{"id", d.id}, {"source", d.source}});
+      if (!std::binary_search(stops.begin(), stops.end(), d.id)) missing.push_back(fmt::format("{} ({})", d.id, d.source));
+    }
+    GateResult g;
+    g.gate = "phase6.stop_set";
+    g.subject = fmt::format("generation stops on the {} declared end-of-sequence id(s)", declared.size());
+    g.require_fixed("declared_ids_not_stopping", double(missing.size()), "==", 0);
+    g.note = missing.empty() ? fmt::format("stop set {}", fmt::join(stops, ", "))
+                             : fmt::format("does not stop on {}", fmt::join(missing, "; "));
+    out.gates.push_back(g);
+    out.details["stop_set"] = {{"declared", declared_j}, {"runtime", stops}, {"missing", missing}};
+  }
+  out.pass = std::all_of(out.gates.begin(), out.gates.end(), [](const GateResult& g) { return g.pass(); });
+  out.details["target_timing"] = {{"prefill_tokens_per_s", prefill_s > 0 ? prefill_tokens / prefill_s : 0},
+                                  {"decode_tokens_per_s", decode_s > 0 ? decode_tokens / decode_s : 0},
+                                  {"note", "short canonical prompts; `tessera bench` measures throughput properly"}};
+  out.details["op_counters"] = ctx.target().op_counters();
+  if (const nlohmann::json predicted = ctx.target().predicted_figures(); !predicted.empty())
+    out.details["target_predicted"] = predicted;
+  const bool greedy_ok = std::all_of(out.gates.begin(), out.gates.end(),
+                                     [](const GateResult& g) { return g.gate != "phase6.greedy" || g.pass(); });
+  const auto failed_in = [&](const char* gate) {
+    return std::count_if(out.gates.begin(), out.gates.end(), [&](const GateResult& g) { return g.gate == gate && !g.pass(); });
+  };
+  out.summary = fmt::format("{} prompts x {} greedy tokens: {}; stop set: {}; frozen plan: {}, block {}", prompts.size(), n,
+                            greedy_ok ? "match" : "mismatch",
+                            out.details["stop_set"]["missing"].empty() ? "every declared EOS id" : "ids missing",
+                            kernel_summary, failed_in("phase6.block") ? "fails" : "passes");
+  if (failed_in("phase6.kernel"))
+    out.diagnosis = "on the frozen plan, " + kernel_diagnosis + " (a rewrite of phases 4-5 changed a kernel phase 1 passed)";
+  else if (failed_in("phase6.block"))
+    out.diagnosis = "on the frozen plan, layer 0 disagrees with the oracle's block while every kernel passes: suspect how "
+                    "the rewritten plan wires the kernels (shared buffers, syncs)";
+  else if (!out.details["stop_set"]["missing"].empty())
+    out.diagnosis = "generation would not stop on every end-of-sequence id the checkpoint declares (the runtime's stop set)";
+  else if (!out.pass)
+    out.diagnosis = "the integrated prefill+decode runner diverges from the oracle beyond the top-k rule; phases 1-3 "
+                    "passed, so suspect state that only decode touches (KV cache writes, positions, buffer reuse)";
+  return out;
+}
+
+}  // namespace tessera
