@@ -147,7 +147,7 @@ TEST(Audit, OpSilentlyExecutedByTheOracleFails) {
   expect_fails_on(r, "op-counters");
   EXPECT_NE(finding(r, "op-counters")->detail.find("silu_mul ran"), std::string::npos) << finding(r, "op-counters")->detail;
   const auto d = run_tessera("diagnose " + dir.string() + " --quiet");  // the audit's failure, diagnosed
-  EXPECT_TRUE(names_cause(d.out, "oracle-fallback")) << d.out << d.err;
+  EXPECT_TRUE(reports_cause(d.out, "oracle-fallback")) << d.out << d.err;
 }
 
 TEST(Audit, NonDeterministicOutputFails) {
@@ -156,7 +156,7 @@ TEST(Audit, NonDeterministicOutputFails) {
   const fs::path dir = copy_of(deployed("npusim", {"nondeterministic"}), out);
   expect_fails_on(audit(dir), "determinism");
   const auto d = run_tessera("diagnose " + dir.string() + " --quiet");
-  EXPECT_TRUE(names_cause(d.out, "nondeterministic")) << d.out << d.err;
+  EXPECT_TRUE(reports_cause(d.out, "nondeterministic")) << d.out << d.err;
 }
 
 TEST(Audit, IncompleteDeploymentFails) {

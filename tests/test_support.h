@@ -171,6 +171,17 @@ inline bool names_cause(const std::string& issues_md, const std::string& cause) 
   const std::vector<std::string> c = named_causes(issues_md);
   return std::find(c.begin(), c.end(), cause) != c.end();
 }
+// A cause read from the failure's own text (a refusal code, an evaluator finding): the
+// "Reported cause(s): a; b" line.
+inline bool reports_cause(const std::string& issues_md, const std::string& cause) {
+  const std::string key = "Reported cause(s): ";
+  const size_t at = issues_md.rfind(key);
+  if (at == std::string::npos) return false;
+  std::stringstream line(issues_md.substr(at + key.size(), issues_md.find('\n', at) - at - key.size()));
+  for (std::string c; std::getline(line, c, ';');)
+    if (c.substr(c.find_first_not_of(' ')) == cause) return true;
+  return false;
+}
 
 // Phase 7 on an untouched deployment: PASS. Wall-time figures are not re-measured (ctest
 // runs two tests at once, so they would not reproduce); the predicted ones are.

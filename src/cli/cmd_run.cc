@@ -76,9 +76,13 @@ void print_stats(const GenerationResult& r) {
              r.stop_reason);
 }
 
-TokenCallback streaming(bool enabled) {
+// `first_line` goes to stderr once, when the first token arrives: what runs (and, for a
+// deployment, whether phase 0 was verified), after the prompt was accepted.
+TokenCallback streaming(bool enabled, std::string first_line = "") {
   if (!enabled) return {};
-  return [](int32_t, const std::string& text) {
+  return [first_line, said = false](int32_t, const std::string& text) mutable {
+    if (!said && !first_line.empty()) fmt::print(stderr, "{}\n", first_line);
+    said = true;
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
     return true;
@@ -91,8 +95,7 @@ void run_run(const RunArgs& a) {
   Executor ex = open_executor(a.model, a.target, a.threads);
   Tokenizer tok = Tokenizer::for_model(*ex.model);
   ModelRunner& runner = *ex.runner;
-  // The first line says what runs and, for a deployment, whether phase 0 was verified.
-  if (!a.json) fmt::print(stderr, "running {} on {}\n", ex.model->path(), ex.description);
+  const std::string first_line = fmt::format("running {} on {}", ex.model->path(), ex.description);
 
   refuse_unknown_special_tokens(tok, a.prompt);
   refuse_unknown_special_tokens(tok, a.system);
@@ -100,12 +103,12 @@ void run_run(const RunArgs& a) {
   std::vector<int32_t> prompt_ids;
   if (a.chat || !a.system.empty()) {
     ChatSession chat(runner, tok, a.system.empty() ? std::nullopt : std::optional(a.system), chat_options(a));
-    r = chat.reply(a.prompt, gen, streaming(!a.json));
+    r = chat.reply(a.prompt, gen, streaming(!a.json, first_line));
     prompt_ids = chat.last_prompt_ids();
   } else {
     if (a.prompt.empty()) fail("the prompt is empty: give some text to continue");
     prompt_ids = tok.encode_prompt(a.prompt);
-    r = Generator(runner, tok).generate(prompt_ids, gen, streaming(!a.json));
+    r = Generator(runner, tok).generate(prompt_ids, gen, streaming(!a.json, first_line));
   }
   if (a.json) {
     nlohmann::json j;
@@ -121,6 +124,7 @@ void run_run(const RunArgs& a) {
     j["executor_description"] = ex.description;
     fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
+    if (r.tokens.empty()) fmt::print(stderr, "{}\n", first_line);  // nothing streamed: say it here
     print_stats(r);
   }
 }

@@ -91,7 +91,7 @@ nlohmann::json TensorMetrics::to_json() const {
           {"max_rel", num(max_rel)}, {"pearson", num(pearson)}, {"cosine", num(cosine)},
           {"nan_ref", nan_ref}, {"inf_ref", inf_ref},      {"nan_got", nan_got},
           {"inf_got", inf_got}, {"min_row_cosine", num(min_row_cosine)}, {"worst_row", worst_row},
-          {"gain", num(gain)},  {"offset", num(offset)}, {"ref_max", num(ref_max)}};
+          {"gain", num(gain)},  {"offset", num(offset)}, {"ref_max", num(ref_max)}, {"ref_rms", num(ref_rms)}};
 }
 
 double cosine(const float* a, const float* b, int64_t n) {
@@ -172,6 +172,7 @@ TensorMetrics compare(const float* ref, const float* got, int64_t rows, int64_t 
   // Least-squares line through the finite pairs: gain = cov / var(ref); the offset in units
   // of the reference's RMS.
   const double rms_r = finite_pairs ? std::sqrt(ref2 / double(finite_pairs)) : 0;
+  m.ref_rms = rms_r;
   if (var_r > 0) {
     m.gain = cov / var_r;
     m.offset = (mean_g - m.gain * mean_r) / rms_r;

@@ -27,6 +27,7 @@ struct TensorMetrics {
   // offset is in units of the reference's RMS, so its limit does not depend on the scale.
   double gain = 1, offset = 0;
   double ref_max = 0;  // max |ref| over the finite pairs (the scale max_abs is judged against)
+  double ref_rms = 0;  // RMS of ref over the finite pairs
   nlohmann::json to_json() const;
 };
 // rel_floor < 0: 1e-3 * max |ref| (and at least 1e-6).

@@ -60,6 +60,13 @@ std::set<Stage> Failure::suspects() const {
   return out;
 }
 
+std::vector<std::string> Diagnosis::reported_causes() const {
+  std::vector<std::string> out;
+  for (const Hypothesis& h : hypotheses)
+    if (h.verdict == "reported") out.push_back(h.cause);
+  return out;
+}
+
 std::vector<std::string> Diagnosis::confirmed_causes() const {
   std::vector<std::string> out;
   for (const Hypothesis& h : hypotheses)
@@ -79,7 +86,7 @@ std::string Diagnosis::markdown() const {
                                "|---|---|---|---|\n",
                                skill, symptom, where);
   for (const Hypothesis& h : hypotheses)
-    md += fmt::format("| {} | `{}` | {} | {} |\n", h.name, h.cause, h.verdict == "confirmed" ? "**confirmed**" : h.verdict,
+    md += fmt::format("| {} | `{}` | {} | {} |\n", h.name, h.cause, h.verdict == "confirmed" ? "**confirmed**" : h.verdict == "reported" ? "*reported*" : h.verdict,
                       h.evidence);
   return md;
 }
@@ -162,12 +169,20 @@ std::vector<Diagnosis> run_debug_skills(PhaseContext& ctx, const Failure& f) {
 }
 
 std::string diagnoses_markdown(const std::vector<Diagnosis>& ds) {
-  std::vector<std::string> causes;
-  for (const Diagnosis& d : ds)
-    for (const std::string& c : d.confirmed_causes())
-      if (std::find(causes.begin(), causes.end(), c) == causes.end()) causes.push_back(c);
-  std::string md = causes.empty() ? "Debug skills ran; no hypothesis was confirmed (see the tables).\n"
-                                  : fmt::format("Named cause(s): {}\n", fmt::join(causes, "; "));
+  std::vector<std::string> causes, reported;
+  auto add = [](std::vector<std::string>& to, const std::vector<std::string>& from) {
+    for (const std::string& c : from)
+      if (std::find(to.begin(), to.end(), c) == to.end()) to.push_back(c);
+  };
+  for (const Diagnosis& d : ds) {
+    add(causes, d.confirmed_causes());
+    add(reported, d.reported_causes());
+  }
+  std::string md;
+  if (!causes.empty()) md += fmt::format("Named cause(s): {}\n", fmt::join(causes, "; "));
+  // Read from the failure's own text (a refusal code, an evaluator finding), not shown by an experiment.
+  if (!reported.empty()) md += fmt::format("Reported cause(s): {}\n", fmt::join(reported, "; "));
+  if (md.empty()) md = "Debug skills ran; no hypothesis was confirmed (see the tables).\n";
   for (const Diagnosis& d : ds) md += "\n" + d.markdown();
   return md;
 }

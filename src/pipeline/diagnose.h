@@ -25,7 +25,9 @@ namespace tessera {
 struct Hypothesis {
   std::string name;     // "pairs interleaved"
   std::string cause;    // the named cause: a fault name ("rope-interleaved") or a plain cause
-  std::string verdict;  // "confirmed", "ruled out", "not applicable"
+  // "confirmed" (an experiment showed it), "reported" (read from the failure's own text: a
+  // refusal code, an evaluator finding; no experiment), "ruled out", "not applicable"
+  std::string verdict;
   std::string evidence;  // the numbers the verdict rests on
 };
 
@@ -35,6 +37,7 @@ struct Diagnosis {
   std::string where;    // where to look in the code
   std::vector<Hypothesis> hypotheses;
   std::vector<std::string> confirmed_causes() const;
+  std::vector<std::string> reported_causes() const;
   nlohmann::json to_json() const;
   std::string markdown() const;
 };
@@ -61,7 +64,8 @@ const std::vector<DebugSkill>& debug_skills();
 
 // Runs every skill that matches `f` (all stage skills when the record names no stage).
 std::vector<Diagnosis> run_debug_skills(PhaseContext& ctx, const Failure& f);
-// "Named cause(s): ..." and each diagnosis, for issues.md.
+// "Named cause(s): ..." (confirmed by an experiment), "Reported cause(s): ..." (read from the
+// failure's text) and each diagnosis, for issues.md.
 std::string diagnoses_markdown(const std::vector<Diagnosis>& d);
 
 }  // namespace tessera

@@ -15,15 +15,15 @@ std::vector<Hypothesis> audit_findings(PhaseContext&, const Failure& f) {
     if (finding.value("verdict", "") != "fail") continue;
     const std::string check = finding.value("check", ""), detail = finding.value("detail", "");
     if (check == "op-counters" && detail.find("by the oracle") != std::string::npos)
-      out.push_back({"a stage silently computed by the oracle", "oracle-fallback", "confirmed", detail});
+      out.push_back({"a stage silently computed by the oracle", "oracle-fallback", "reported", detail});
     else if (check == "determinism")
-      out.push_back({"output differs between identical runs", "nondeterministic", "confirmed", detail});
+      out.push_back({"output differs between identical runs", "nondeterministic", "reported", detail});
     else if (check == "hashes")
-      out.push_back({"files edited after the deploy", "edited after deploy", "confirmed", detail});
+      out.push_back({"files edited after the deploy", "edited after deploy", "reported", detail});
     else if (check == "thresholds")
-      out.push_back({"a stored gate row loosened", "threshold loosened", "confirmed", detail});
+      out.push_back({"a stored gate row loosened", "threshold loosened", "reported", detail});
     else
-      out.push_back({"finding " + check, check, "confirmed", detail});
+      out.push_back({"finding " + check, check, "reported", detail});
   }
   return out;
 }

@@ -17,7 +17,7 @@ std::vector<Hypothesis> refusal(PhaseContext&, const Failure& f) {
     const size_t at = text.find(std::string(code) + ":");
     if (at == std::string::npos) continue;
     const size_t end = text.find('\n', at);
-    out.push_back({fmt::format("the checker refuses with {}", code), code, "confirmed",
+    out.push_back({fmt::format("the checker refuses with {}", code), code, "reported",
                    text.substr(at, end == std::string::npos ? std::string::npos : end - at)});
   }
   if (out.empty()) out.push_back({"a refusal code of the checker", "unknown refusal", "ruled out", text.substr(0, 300)});

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""What the gates catch, measured with perturbations from outside the target.
+
+    bench/gate_sensitivity.py [--tessera build/tessera] [--model DIR] [--out docs/gate_sensitivity.md]
+                              [--targets cpu,npusim] [--kinds gain,offset,noise,element] [--clean 10]
+
+For each target: a clean deploy of the model gives every op-table row's limits
+(kernel_registry.json). Then, for every stage and kind, the perturbation is sized from the
+smallest limit of that stage's rows (size = the size that puts the kind's own metric at
+FACTOR x its limit) and deployed at FACTOR 2 (must fail, at phase 1, the first phase that
+runs every stage alone, with that stage among the failing rows) and at FACTOR 0.5 (no
+gate may fail). Then --clean deploys per target of the tiny presets with other seeds: no
+gate may fail. Writes a Markdown table. Test tooling: tessera never runs it.
+
+Sizes, for a stage whose rows' smallest limits are L (from the clean deploy):
+  gain     SIZE = F x L[gain_error]            (the gain moves by SIZE)
+  offset   SIZE = F x L[offset_error]          (the offset moves by SIZE, in RMS units)
+  noise    SIZE = sqrt(F x L[nmse])            (NMSE grows by SIZE^2)
+  element  SIZE = F x L[max_err] x ref_max / ref_rms  (one element per row off by SIZE x RMS)
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STAGES = ["embedding", "attn_norm", "qkv_proj", "rope", "kv_write", "attention", "o_proj", "attn_residual",
+          "mlp_norm", "gate_up_proj", "silu_mul", "down_proj", "mlp_residual", "final_norm", "lm_head"]
+METRIC = {"gain": "gain_error", "offset": "offset_error", "noise": "nmse", "element": "max_err"}
+
+
+def run(cmd, **kw):
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+
+
+def deploy(tessera, model, out, target, perturb=None):
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [tessera, "deploy", model, "--target", target, "--out", out, "--quiet"]
+    if perturb:
+        cmd += ["--perturb", perturb]
+    r = run(cmd)
+    if r.returncode not in (0, 3):
+        sys.exit(f"deploy failed to run ({r.returncode}): {' '.join(map(str, cmd))}\n{r.stderr}")
+    state = json.loads((Path(out) / "state.json").read_text())
+    failed = [int(p) for p, rec in sorted(state["phases"].items(), key=lambda kv: int(kv[0]))
+              if rec.get("status") == "failed"]
+    return (failed[0] if failed else None), r.returncode
+
+
+def failing_stages(out, phase):
+    """The stages the failing phase's record names: its failing op-table rows, or phase 2's bisect."""
+    rec = json.loads((Path(out) / f"phase{phase}.json").read_text())
+    stages = {k["stage"] for k in rec["details"].get("kernels", []) if not k.get("pass", True) and "stage" in k}
+    bisect = rec["details"].get("bisect", {})
+    if bisect.get("named"):
+        stages.add(bisect.get("stage"))
+    return stages
+
+
+def stage_limits(registry):
+    """Per stage: the smallest limit of each metric over its rows, and ref_max / ref_rms there."""
+    out = {}
+    for row in registry["kernels"]:
+        s = out.setdefault(row["stage"], {})
+        for metric, limit in row["limits"].items():
+            if isinstance(limit, (int, float)):
+                s[metric] = min(s.get(metric, math.inf), limit)
+        m = row["metrics"]
+        if isinstance(m.get("ref_rms"), (int, float)) and m["ref_rms"] > 0:
+            s["peak_over_rms"] = min(s.get("peak_over_rms", math.inf), m["ref_max"] / m["ref_rms"])
+    return out
+
+
+def size_for(kind, lim, factor):
+    if kind == "gain":
+        return factor * lim["gain_error"]
+    if kind == "offset":
+        return factor * lim["offset_error"]
+    if kind == "noise":
+        return math.sqrt(factor * lim["nmse"])
+    if kind == "element":
+        return factor * lim["max_err"] * lim["peak_over_rms"]
+    raise ValueError(kind)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tessera", default=REPO / "build" / "tessera")
+    ap.add_argument("--model", help="checkpoint (default: a tiny SmolLM2-360M synthesized here)")
+    ap.add_argument("--targets", default="cpu,npusim")
+    ap.add_argument("--kinds", default="gain,offset,noise,element")
+    ap.add_argument("--stages", default=",".join(STAGES))
+    ap.add_argument("--clean", type=int, default=10, help="clean deploys per target (other presets and seeds)")
+    ap.add_argument("--out", default=REPO / "docs" / "gate_sensitivity.md")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="tessera-sensitivity-"))
+    t0 = time.time()
+    model = args.model
+    if not model:
+        model = work / "model"
+        r = run([args.tessera, "synth", "--preset", "SmolLM2-360M", "--tiny", "--out", model])
+        if r.returncode:
+            sys.exit(r.stderr)
+    rows, summary = [], []
+    for target in args.targets.split(","):
+        clean = work / f"clean-{target}"
+        phase, _ = deploy(args.tessera, model, clean, target)
+        if phase is not None:
+            sys.exit(f"the clean deploy on {target} fails phase {phase}: nothing to measure against")
+        limits = stage_limits(json.loads((clean / "kernel_registry.json").read_text()))
+        caught = named = false_alarms = total = 0
+        for stage in args.stages.split(","):
+            for kind in args.kinds.split(","):
+                lim = limits[stage]
+                cells = {}
+                for factor in (2.0, 0.5):
+                    size = size_for(kind, lim, factor)
+                    out = work / "p"
+                    phase, _ = deploy(args.tessera, model, out, target, f"{stage}:{kind}:{size:.6g}")
+                    where = failing_stages(out, phase) if phase is not None else set()
+                    cells[factor] = (size, phase, stage in where)
+                    print(f"{target} {stage}:{kind} x{factor} size {size:.3g}: "
+                          f"{'phase ' + str(phase) if phase is not None else 'no gate failed'}"
+                          f"{', stage named' if stage in where else ''}", flush=True)
+                total += 1
+                caught += cells[2.0][1] is not None
+                named += cells[2.0][2]
+                false_alarms += cells[0.5][1] is not None
+                rows.append((target, stage, kind, METRIC[kind], cells))
+        cleans = 0
+        presets = ["SmolLM2-360M", "Qwen3-0.6B", "Llama-3.2-1B", "Qwen2.5-0.5B", "SmolLM2-135M"]
+        for i in range(args.clean):
+            m = work / f"clean-model-{i}"
+            preset, seed = presets[i % len(presets)], 100 + i
+            r = run([args.tessera, "synth", "--preset", preset, "--tiny", "--seed", seed, "--out", m])
+            if r.returncode:
+                sys.exit(r.stderr)
+            phase, _ = deploy(args.tessera, m, work / "c", target)
+            cleans += phase is None
+            print(f"{target} clean {preset} seed {seed}: {'pass' if phase is None else f'phase {phase} FAILS'}", flush=True)
+            shutil.rmtree(m, ignore_errors=True)
+        summary.append((target, total, caught, named, false_alarms, cleans, args.clean))
+
+    md = ["# Gate sensitivity", "",
+          "Made by `bench/gate_sensitivity.py` (perturbations from outside the target, `--perturb`; never tessera's "
+          "own faults). Each stage x kind is sized from the smallest limit of that stage's op-table rows in a clean "
+          "deploy of the same model, so that the kind's own metric sits at 2x (must be caught, by phase 1, with the "
+          "stage among its failing rows) or 0.5x (no gate may fail) its limit. Clean deploys: tiny presets with "
+          "other seeds, no perturbation.", "",
+          f"Model: {args.model or 'tiny SmolLM2-360M (seed 0)'}; run took {time.time() - t0:.0f} s.", "",
+          "| target | stage x kind cases | caught at 2x | stage named at 2x | false alarms at 0.5x | clean deploys passing |",
+          "|---|---|---|---|---|---|"]
+    for target, total, caught, named, fa, cl, ncl in summary:
+        md.append(f"| {target} | {total} | {caught}/{total} ({100 * caught / total:.0f}%) | {named}/{total} "
+                  f"({100 * named / total:.0f}%) | {fa}/{total} | {cl}/{ncl} |")
+    md += ["", "| target | stage | kind (metric) | size at 2x | caught by | stage named | size at 0.5x | result |",
+           "|---|---|---|---|---|---|---|---|"]
+    for target, stage, kind, metric, cells in rows:
+        s2, p2, n2 = cells[2.0]
+        s5, p5, _ = cells[0.5]
+        md.append(f"| {target} | {stage} | {kind} ({metric}) | {s2:.3g} | {'phase ' + str(p2) if p2 is not None else 'NOT CAUGHT'} | "
+                  f"{'yes' if n2 else 'no'} | {s5:.3g} | {'no gate failed' if p5 is None else f'FALSE ALARM (phase {p5})'} |")
+    Path(args.out).write_text("\n".join(md) + "\n")
+    print(f"wrote {args.out}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
