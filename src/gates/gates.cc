@@ -301,7 +301,9 @@ const std::map<std::string, Threshold>& thresholds() {
       // emulated in the oracle's twin (pipeline/op_table.h); the bounds below are outer bounds.
       {"phase1.margin", {4, "limit = margin x the expected error (x margin^2 for NMSE, a squared error)"}},
       {"phase1.nmse_floor", {1e-10, "fp32 evaluation-order noise: the least NMSE limit of an exact kernel"}},
-      {"phase1.err_floor", {1e-5, "fp32 evaluation-order noise: the least limit of max_err, gain and offset"}},
+      {"phase1.err_floor", {1e-5, "fp32 evaluation-order noise: the least limit of gain and offset"}},
+      {"phase1.max_err_floor", {1e-4, "the least limit of max_err: the largest of n values of noise at the NMSE floor "
+                                      "reaches about 1e-5 of the peak, so the floor sits a margin above it"}},
       {"phase1.max_err_max", {0.1, "outer bound: the largest error, in units of the reference's largest value"}},
       {"phase1.gain_error_max", {1e-2, "outer bound: |least-squares gain - the gain the declared numerics give|"}},
       {"phase1.offset_max", {1e-2, "outer bound: |least-squares offset - the declared numerics' offset|, in units of the reference's RMS"}},

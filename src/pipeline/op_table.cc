@@ -476,7 +476,7 @@ GateResult op_gate(const std::string& gate, const std::string& subject, const st
   derived("nmse", measured.nmse, M * M * expected.nmse, "phase1.nmse_floor", cls + ".nmse_max");  // a squared error
   const double exp_err = expected.ref_max > 0 ? expected.max_abs / expected.ref_max : 0;
   derived("max_err", measured.ref_max > 0 ? measured.max_abs / measured.ref_max : measured.max_abs, M * exp_err,
-          "phase1.err_floor", "phase1.max_err_max");
+          "phase1.max_err_floor", "phase1.max_err_max");
   // Systematic errors: the declared numerics predict the kernel's gain and offset (an
   // approximate 1/sqrt has a bias of its own); the kernel must show that line, within the
   // sampling noise of the estimates (about sqrt(nmse / n) each) times the margin.

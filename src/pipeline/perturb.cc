@@ -106,10 +106,8 @@ class PerturbationTap final : public OutputTap {
       const double r = rms(x, n);
       for (int64_t i = 0; i < n; ++i) x[i] = float(x[i] + s * r * normal_at(uint64_t(i)));
     } else if (p.kind == "element") {
-      for (int64_t row = 0; row < o.rows; ++row) {
-        float* xr = x + row * C;
-        xr[(row * 7 + 3) % C] += float(s * rms(xr, C));
-      }
+      const float d = float(s * rms(x, n));  // the output's RMS: the same size in every row
+      for (int64_t row = 0; row < o.rows; ++row) x[row * C + (row * 7 + 3) % C] += d;
     } else if (p.kind == "tail") {
       const int64_t from = C - int64_t(std::ceil(s * double(C)));
       for (int64_t row = 0; row < o.rows; ++row) std::fill(x + row * C + std::max<int64_t>(from, 0), x + (row + 1) * C, 0.0f);

@@ -6,7 +6,7 @@
 //   gain     every value x (1 + SIZE)
 //   offset   every value + SIZE x the output's RMS
 //   noise    every value + SIZE x the output's RMS x a fixed pseudo-random N(0, 1)
-//   element  one element per row (its index moves with the row) + SIZE x the row's RMS
+//   element  one element per row (its index moves with the row) + SIZE x the output's RMS
 //   tail     the last SIZE fraction of each row's columns set to 0 (a short loop bound)
 //   permute  the first SIZE fraction of each row's columns swapped in adjacent pairs (a layout slip)
 //   stale    (1 - SIZE) x this call's output + SIZE x the previous same-shaped call's (a buffer not refreshed)

@@ -115,43 +115,53 @@ void systematic(const Output& o, std::vector<Hypothesis>& out) {
   out.push_back(judge_with_cause(o, a, b, c));
 }
 
+// Each row (or each column) corrected by its own fitted line; the fitted gains' range.
+std::vector<float> corrected_per_group(const Output& o, bool by_row, double& lo, double& hi) {
+  const int64_t groups = by_row ? o.rows : o.cols, n = by_row ? o.cols : o.rows, stride = by_row ? 1 : o.cols;
+  std::vector<float> v(o.got.size());
+  lo = 1e300, hi = -1e300;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t begin = by_row ? g * o.cols : g;
+    const auto [a, b] = fit(o.ref, o.got, begin, n, stride);
+    lo = std::min(lo, a), hi = std::max(hi, a);
+    for (int64_t i = 0; i < n; ++i) {
+      const size_t at = size_t(begin + i * stride);
+      v[at] = float((o.got[at] - b) / a);
+    }
+  }
+  return v;
+}
+
 // A scale per row (position) or per column (channel): an error that one number cannot fit.
 void per_row_or_column_scale(const Output& o, std::vector<Hypothesis>& out) {
-  if (o.cols >= 8) {
-    std::vector<float> rc(o.got.size());
-    double lo = 1e300, hi = -1e300;
-    for (int64_t r = 0; r < o.rows; ++r) {
-      const auto [ar, br] = fit(o.ref, o.got, r * o.cols, o.cols, 1);
-      lo = std::min(lo, ar), hi = std::max(hi, ar);
-      for (int64_t j = 0; j < o.cols; ++j) rc[size_t(r * o.cols + j)] = float((o.got[size_t(r * o.cols + j)] - br) / ar);
-    }
-    out.push_back(judged(o, "a scale that differs per position (row)",
-                         fmt::format("per-position scale error in {}", o.subject()), rc,
-                         fmt::format("per-row gains {:.4f} to {:.4f}: look at what the kernel computes once per row "
-                                     "(a norm's mean or epsilon, a softmax sum, a position-dependent factor)",
-                                     lo, hi)));
+  struct Grouping {
+    bool by_row;
+    bool enough;  // at least 8 values per group, so a line fit means something
+    const char* name;
+    const char* cause;
+    const char* look;
+  };
+  const Grouping groupings[] = {
+      {true, o.cols >= 8, "a scale that differs per position (row)", "per-position scale error",
+       "look at what the kernel computes once per row (a norm's mean or epsilon, a softmax sum, a position-dependent "
+       "factor)"},
+      {false, o.rows >= 8, "a scale that differs per channel (column)", "per-channel scale error",
+       "look at per-channel factors (a gain or bias vector read at the wrong offset, a dequantization scale per block)"},
+  };
+  for (const Grouping& g : groupings) {
+    if (!g.enough) continue;
+    double lo = 0, hi = 0;
+    const std::vector<float> v = corrected_per_group(o, g.by_row, lo, hi);
+    out.push_back(judged(o, g.name, fmt::format("{} in {}", g.cause, o.subject()), v,
+                         fmt::format("per-{} gains {:.4f} to {:.4f}: {}", g.by_row ? "row" : "column", lo, hi, g.look)));
     if (out.back().verdict == "confirmed") return;
-  }
-  if (o.rows >= 8) {
-    std::vector<float> cc(o.got.size());
-    double lo = 1e300, hi = -1e300;
-    for (int64_t j = 0; j < o.cols; ++j) {
-      const auto [aj, bj] = fit(o.ref, o.got, j, o.rows, o.cols);
-      lo = std::min(lo, aj), hi = std::max(hi, aj);
-      for (int64_t r = 0; r < o.rows; ++r) cc[size_t(r * o.cols + j)] = float((o.got[size_t(r * o.cols + j)] - bj) / aj);
-    }
-    out.push_back(judged(o, "a scale that differs per channel (column)",
-                         fmt::format("per-channel scale error in {}", o.subject()), cc,
-                         fmt::format("per-column gains {:.4f} to {:.4f}: look at per-channel factors (a gain or bias "
-                                     "vector read at the wrong offset, a dequantization scale per block)",
-                                     lo, hi)));
   }
 }
 
 // A few elements far off and the rest right: a race, a stray write, an index that hits the
 // wrong element once per row.
 void isolated(const Output& o, std::vector<Hypothesis>& out) {
-  const double big = std::max(8 * o.r.expected.max_abs, gates::threshold("phase1.err_floor") * o.r.measured.ref_max);
+  const double big = std::max(8 * o.r.expected.max_abs, gates::threshold("phase1.max_err_floor") * o.r.measured.ref_max);
   std::vector<float> v = o.got;
   int64_t k = 0, worst_row = 0;
   std::vector<int64_t> per_row(size_t(o.rows), 0);
