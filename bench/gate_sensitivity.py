@@ -156,6 +156,7 @@ def main():
           "deploy of the same model, so that the kind's own metric sits at 2x (must be caught, by phase 1, with the "
           "stage among its failing rows) or 0.5x (no gate may fail) its limit. Clean deploys: tiny presets with "
           "other seeds, no perturbation.", "",
+          "Kinds in the matrix: gain, offset, noise and element, whose size is continuous, so that 2x and 0.5x a limit mean something. tail, permute, stale and shift are structural (their least size is one column, one pair, one call): tests/test_gate_sensitivity.cc and the debug-error-shape skill cover them. A kv_write perturbation at 0.5x its own rows' limits can fail an attention row: attention reads the cache, and an offset or noise in the values moves the attention output by more, in units of its RMS, than it moves the values (a weighted average of values has a smaller RMS than the values). The error is real and the attention row is the more sensitive witness; it is counted apart from false alarms.", "",
           f"Model: {args.model or 'tiny SmolLM2-360M (seed 0)'}; run took {time.time() - t0:.0f} s.", "",
           "| target | stage x kind cases | caught at 2x | stage named at 2x | false alarms at 0.5x (the stage's own rows fail) | "
           "at 0.5x, a later stage's row sees the error | clean deploys passing |",

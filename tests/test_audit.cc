@@ -127,6 +127,21 @@ TEST(Audit, ThresholdLoosenedInTheStoredGateTableFails) {
   EXPECT_NE(finding(r, "thresholds")->detail.find("phase3.layer_cosine_min"), std::string::npos);
 }
 
+// A limit derived for a kernel row (phase 1) may be tighter than its outer bound, never looser.
+TEST(Audit, DerivedKernelLimitLoosenedPastItsOuterBoundFails) {
+  SKIP_UNDER_SANITIZERS();
+  ScratchDir out("audit_derived");
+  const fs::path dir = copy_of(deployed("cpu"), out);
+  edit_json(dir / "phase1.json", [](nlohmann::json& p) {
+    for (auto& c : p["gates"][0]["checks"])
+      if (c["threshold"] == "derived:phase1.kernel.nmse_max") c["limit"] = 0.5;
+  });
+  const AuditResult r = audit(dir);
+  expect_fails_on(r, "thresholds");
+  EXPECT_NE(finding(r, "thresholds")->detail.find("looser than the outer bound"), std::string::npos)
+      << finding(r, "thresholds")->detail;
+}
+
 TEST(Audit, PlanEditedAfterPhase6Fails) {
   SKIP_UNDER_SANITIZERS();
   ScratchDir out("audit_plan");

@@ -396,7 +396,7 @@ TEST(GatesThresholds, TableHoldsExactlyTheAgreedKeys) {
       {"phase1.gemm.nmse_max", 1e-4},        {"phase1.kernel.pearson_min", 0.99},
       {"phase1.kernel.nmse_max", 1e-3},      {"phase1.margin", 4},
       {"phase1.nmse_floor", 1e-10},          {"phase1.err_floor", 1e-5},
-      {"phase1.max_err_floor", 1e-4},
+      {"phase1.max_err_floor", 2e-5},
       {"phase1.max_err_max", 0.1},           {"phase1.gain_error_max", 1e-2},
       {"phase1.offset_max", 1e-2},           {"phase2.cosine_min", 0.99},
       {"phase2.row_cosine_min.hd64", 0.99},  {"phase2.row_cosine_min.hd128", 0.98},

@@ -82,8 +82,8 @@ TEST(OpTable, KernelsCommandListsTheFrozenPlansRows) {
   ASSERT_TRUE(deploy(deploy_options(tiny_model("SmolLM2-360M"), out.str("dep"))).pass);
   const CliResult r = run_tessera("kernels " + out.str("dep"));
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("gemm | q_proj (fused q|k|v)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("gemm | gate_proj (fused gate|up)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("gemm | q_proj (fused q\\|k\\|v)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("gemm | gate_proj (fused gate\\|up)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("| expected nmse | measured nmse | nmse limit |"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(", 0 failed"), std::string::npos) << r.out;
   const CliResult npu = run_tessera("kernels " + tiny_model("SmolLM2-360M") + " --target npusim --mode perf --repeats 1 --json");

@@ -35,6 +35,11 @@ struct KernelsArgs {
 };
 
 std::string g3(double v) { return fmt::format("{:.3g}", v); }
+// A Markdown cell: '|' (as in "q|k|v") escaped.
+std::string cell(std::string s) {
+  for (size_t i = s.find('|'); i != std::string::npos; i = s.find('|', i + 2)) s.insert(i, "\\");
+  return s;
+}
 
 double limit_of(const gates::GateResult& g, const std::string& metric) {
   for (const auto& c : g.checks)
@@ -97,7 +102,7 @@ int run_kernels(const KernelsArgs& a) {
         if (c.metric == "max_err") max_err = c.value;
         if (c.metric == "gain_error") gain_err = c.value;
       }
-      fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} ({}) |{} {} |\n", r.kernel, r.role, r.shape, r.numerics,
+      fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} ({}) |{} {} |\n", r.kernel, cell(r.role), r.shape, r.numerics,
                  g3(r.expected.nmse), g3(r.measured.nmse), g3(limit_of(r.gate, "nmse")), g3(gain_err),
                  g3(limit_of(r.gate, "gain_error")), g3(max_err), g3(limit_of(r.gate, "max_err")),
                  a.mode == "perf" ? fmt::format(" {:.3f} ms |", r.seconds * 1e3) : "", r.gate.pass() ? "PASS" : "FAIL");

@@ -146,13 +146,14 @@ void LayeredRunner::op_linear(Stage s, const float* x, int64_t T, const std::str
   const float* b = bias.empty() ? nullptr : bias.data();
   if (by_oracle(s)) oracle::linear(x, T, model_.get(weight), b, y, oracle_threads());
   else kernel_linear(s, x, T, weight, b, y);
-  tap(s, s == Stage::LmHead ? -1 : layer_of(weight), T, output_name(weight), y, T, model_.get(weight).rows());
+  if (tap_) tap(s, s == Stage::LmHead ? -1 : layer_of(weight), T, output_name(weight), y, T, model_.get(weight).rows());
 }
 
 void LayeredRunner::op_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) {
   if (!by_oracle(s)) kernel_linears(s, x, T, outs);
   else
     for (const LinearOut& o : outs) oracle::linear(x, T, model_.get(o.weight), o.bias, o.y, oracle_threads());
+  if (!tap_) return;  // the names and shapes below are looked up for a tap only: not on the hot path
   const bool fused = !by_oracle(s) && fuses_linears(s, T);
   for (const LinearOut& o : outs)
     tap(s, layer_of(o.weight), T, output_name(o.weight), o.y, T, model_.get(o.weight).rows(), fused);
