@@ -19,6 +19,7 @@ OpRow decode_final_norm_row() {
   OpRow row;
   row.op = "final_norm_decode";
   row.what = "the final norm on one row (added by a test)";
+  row.stages = {Stage::FinalNorm};
   row.needs = [](const ModelSpec& s) {
     return std::vector<KernelNeed>{{"rmsnorm", "final_norm decode", fmt::format("[1,{}]", s.hidden)}};
   };

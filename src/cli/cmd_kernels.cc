@@ -17,7 +17,6 @@
 #include "targets/registry.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
-#include "util/parallel.h"
 
 namespace tessera::cli {
 
@@ -35,16 +34,11 @@ struct KernelsArgs {
 };
 
 std::string g3(double v) { return fmt::format("{:.3g}", v); }
-// A Markdown cell: '|' (as in "q|k|v") escaped.
-std::string cell(std::string s) {
-  for (size_t i = s.find('|'); i != std::string::npos; i = s.find('|', i + 2)) s.insert(i, "\\");
-  return s;
-}
 
-double limit_of(const gates::GateResult& g, const std::string& metric) {
-  for (const auto& c : g.checks)
-    if (c.metric == metric) return c.limit;
-  return 0;
+// "value (limit)" of one check of a row.
+std::string value_and_limit(const gates::GateResult& g, const std::string& metric) {
+  const gates::Check* c = g.check(metric);
+  return c ? fmt::format("{} ({})", g3(c->value), g3(c->limit)) : "-";
 }
 
 int run_kernels(const KernelsArgs& a) {
@@ -75,8 +69,7 @@ int run_kernels(const KernelsArgs& a) {
   runner->set_output_tap(perturbation_tap(perturbations));
   const Tokenizer tok = Tokenizer::for_model(model);
   OracleRunner oracle(model, a.threads);
-  const int host_threads = a.threads > 0 ? a.threads : default_threads();
-  const OpInputs in = op_inputs(model, oracle, long_prompt(tok, kOpTableTokens), host_threads);
+  const OpInputs in = op_table_inputs(model, tok, oracle, a.threads);
   OpHarnessOptions opt;
   opt.gate = "kernels";
   opt.perf_repeats = a.mode == "perf" ? a.repeats : 0;
@@ -97,14 +90,10 @@ int run_kernels(const KernelsArgs& a) {
                "max err (limit) |{} verdict |\n|---|---|---|---|---|---|---|---|---|{}---|\n",
                a.mode == "perf" ? " median time |" : "", a.mode == "perf" ? "---|" : "");
     for (const OpResult& r : rows) {
-      double max_err = 0, gain_err = 0;
-      for (const auto& c : r.gate.checks) {
-        if (c.metric == "max_err") max_err = c.value;
-        if (c.metric == "gain_error") gain_err = c.value;
-      }
-      fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} ({}) |{} {} |\n", r.kernel, cell(r.role), r.shape, r.numerics,
-                 g3(r.expected.nmse), g3(r.measured.nmse), g3(limit_of(r.gate, "nmse")), g3(gain_err),
-                 g3(limit_of(r.gate, "gain_error")), g3(max_err), g3(limit_of(r.gate, "max_err")),
+      const gates::Check* nmse = r.gate.check("nmse");
+      fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} | {} |{} {} |\n", r.kernel, gates::markdown_cell(r.role), r.shape,
+                 r.numerics, g3(r.expected.nmse), g3(r.measured.nmse), nmse ? g3(nmse->limit) : "-",
+                 value_and_limit(r.gate, "gain_error"), value_and_limit(r.gate, "max_err"),
                  a.mode == "perf" ? fmt::format(" {:.3f} ms |", r.seconds * 1e3) : "", r.gate.pass() ? "PASS" : "FAIL");
     }
     fmt::print("\n{} rows, {} failed\n", rows.size(), failed);

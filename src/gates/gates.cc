@@ -70,7 +70,9 @@ bool evaluate(double value, const std::string& op, double limit) {
   fail("gate check: unknown comparison '{}' (use >=, <=, ==, > or <)", op);
 }
 
-std::string escape_md(const std::string& s) {
+}  // namespace
+
+std::string markdown_cell(const std::string& s) {
   std::string out;
   out.reserve(s.size());
   for (char c : s) {
@@ -80,8 +82,6 @@ std::string escape_md(const std::string& s) {
   }
   return out;
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------
 // tensor metrics
@@ -357,6 +357,12 @@ double row_cosine_threshold_for_head_dim(int64_t head_dim) {
 // ---------------------------------------------------------------------------------------
 // gate results
 
+const Check* GateResult::check(const std::string& metric) const {
+  for (const Check& c : checks)
+    if (c.metric == metric) return &c;
+  return nullptr;
+}
+
 bool GateResult::pass() const {
   if (checks.empty()) return false;  // a gate that checked nothing has shown nothing
   return std::all_of(checks.begin(), checks.end(), [](const Check& c) { return c.pass; });
@@ -428,8 +434,8 @@ std::string GateResult::markdown_row() const {
     if (!c.pass) cells += " FAIL";
   }
   if (checks.empty()) cells = "no checks";
-  if (!note.empty()) cells += "; note: " + escape_md(note);
-  return fmt::format("| {} | {} | {} |", escape_md(subject), pass() ? "PASS" : "FAIL", cells);
+  if (!note.empty()) cells += "; note: " + markdown_cell(note);
+  return fmt::format("| {} | {} | {} |", markdown_cell(subject), pass() ? "PASS" : "FAIL", cells);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -46,6 +46,8 @@ double cosine(const float* a, const float* b, int64_t n);
 // JSON has no NaN/Inf: metric values travel as numbers or the strings "nan", "inf", "-inf".
 nlohmann::json json_number(double v);
 double read_json_number(const nlohmann::json& j);
+// Text for one Markdown table cell: '|' (as in "q|k|v") escaped, newlines as spaces.
+std::string markdown_cell(const std::string& s);
 
 // ---- token metrics over logits rows (vocab values each) ----
 std::vector<int32_t> top_k(const float* logits, int64_t vocab, int k);  // best first, ties by lower id
@@ -104,6 +106,7 @@ struct GateResult {
   std::vector<Check> checks;
   std::string note;     // diagnosis or context
   bool pass() const;    // every check passes (and there is at least one)
+  const Check* check(const std::string& metric) const;  // the check of `metric`, or nullptr
   // Adds a check from the threshold table: op ">=" means value must be >= limit.
   void require(const std::string& metric, double value, const std::string& op, const std::string& threshold_key);
   void require_fixed(const std::string& metric, double value, const std::string& op, double limit);

@@ -103,17 +103,13 @@ void write_kernel_registry(Deployment& dep, const StagedRunner& target, const Ph
   // Metrics travel as numbers, or as "nan" / "inf" strings when not finite (gates.h).
   auto g3 = [](const nlohmann::json& v) { return v.is_number() ? fmt::format("{:.3g}", v.get<double>()) : v.get<std::string>(); };
   auto f6 = [](const nlohmann::json& v) { return v.is_number() ? fmt::format("{:.6f}", v.get<double>()) : v.get<std::string>(); };
-  auto cell = [](std::string s) {  // a '|' (as in "q|k|v") would end the table cell
-    for (size_t i = s.find('|'); i != std::string::npos; i = s.find('|', i + 2)) s.insert(i, "\\");
-    return s;
-  };
   for (const auto& k : reg["kernels"]) {
     const auto& m = k["metrics"];
     const nlohmann::json none = "-";
     const auto& e = k.value("expected", nlohmann::json::object());
     const auto& l = k.value("limits", nlohmann::json::object());
     md += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} |\n", k["kernel"].get<std::string>(),
-                      cell(k["role"].get<std::string>()), k["shape"].get<std::string>(), k.value("numerics", ""),
+                      gates::markdown_cell(k["role"].get<std::string>()), k["shape"].get<std::string>(), k.value("numerics", ""),
                       g3(e.value("nmse", none)), g3(m["nmse"]), g3(l.value("nmse", none)), f6(m["gain"]),
                       f6(e.value("gain", none)), f6(m["pearson"]), k["pass"].get<bool>() ? "PASS" : "FAIL");
   }

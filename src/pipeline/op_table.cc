@@ -434,17 +434,20 @@ std::vector<KernelNeed> add_needs(const ModelSpec& s) {
 
 std::vector<OpRow>& op_table() {
   static std::vector<OpRow> table = {
-      {"embedding", "the token embedding gather", embedding_needs, embedding_cases},
-      {"rmsnorm", "attn_norm, mlp_norm and the final norm", rmsnorm_needs, rmsnorm_cases},
+      {"embedding", "the token embedding gather", {Stage::Embedding}, embedding_needs, embedding_cases},
+      {"rmsnorm", "attn_norm, mlp_norm and the final norm", {Stage::AttnNorm, Stage::MlpNorm, Stage::FinalNorm},
+       rmsnorm_needs, rmsnorm_cases},
       {"projections", "q|k|v, o, gate|up and down at the prefill and decode shapes as the plan runs them (fused where "
                       "it fuses), and the LM head",
-       projection_needs, projection_cases},
-      {"rope", "RoPE (with Qwen3's q/k norm first) at position 0 and one decode row far out", rope_needs, rope_cases},
-      {"kv_write", "the KV cache write, read back", kv_write_needs, kv_write_cases},
+       {Stage::QkvProj, Stage::OProj, Stage::GateUpProj, Stage::DownProj, Stage::LmHead}, projection_needs,
+       projection_cases},
+      {"rope", "RoPE (with Qwen3's q/k norm first) at position 0 and one decode row far out", {Stage::Rope}, rope_needs,
+       rope_cases},
+      {"kv_write", "the KV cache write, read back", {Stage::KvWrite}, kv_write_needs, kv_write_cases},
       {"attention", "causal GQA attention: prefill, decode over the cache, and scores past exp's fp32 range",
-       attention_needs, attention_cases},
-      {"silu_mul", "silu(gate) * up", silu_mul_needs, silu_mul_cases},
-      {"add", "the two residual adds", add_needs, add_cases},
+       {Stage::Attention}, attention_needs, attention_cases},
+      {"silu_mul", "silu(gate) * up", {Stage::SiluMul}, silu_mul_needs, silu_mul_cases},
+      {"add", "the two residual adds", {Stage::AttnResidual, Stage::MlpResidual}, add_needs, add_cases},
   };
   return table;
 }
@@ -507,6 +510,10 @@ nlohmann::json OpResult::to_json() const {
 std::vector<OpResult> run_op_table(StagedRunner& target, const OpInputs& in, const OpHarnessOptions& opt) {
   std::vector<OpResult> results;
   for (const OpRow& row : op_table()) {
+    // A row none of whose stages is asked for is skipped before its references are computed.
+    if (!opt.only_stages.empty() && std::none_of(row.stages.begin(), row.stages.end(),
+                                                 [&](Stage s) { return opt.only_stages.count(s) > 0; }))
+      continue;
     if (opt.progress) opt.progress(fmt::format("{}: {}", row.op, row.what));
     for (OpCase& c : row.cases(in)) {
       if (!opt.only_stages.empty() && !opt.only_stages.count(c.stage)) continue;

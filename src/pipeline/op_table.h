@@ -64,6 +64,7 @@ struct OpCase {
 struct OpRow {
   std::string op;    // "projections", "rmsnorm", ...
   std::string what;  // one line
+  std::set<Stage> stages;  // the stages its cases run (a harness asked for other stages skips the row)
   std::function<std::vector<KernelNeed>(const ModelSpec&)> needs;
   std::function<std::vector<OpCase>(const OpInputs&)> cases;
 };

@@ -115,12 +115,6 @@ std::string not_kept(const Comparison& c) {
              : fmt::format("reverted: slows the other pass ({} -> {})", ms(c.other_before), ms(c.other_after));
 }
 
-// A Markdown table cell: pipes escaped ("q|k|v").
-std::string cell(std::string s) {
-  for (size_t i = s.find('|'); i != std::string::npos; i = s.find('|', i + 2)) s.insert(i, "\\");
-  return s;
-}
-
 }  // namespace
 
 // perf_opt_traj.md: one section per optimization phase that has run, from its phase record.
@@ -142,9 +136,9 @@ void write_perf_trajectory(Deployment& dep) {
     int n = 0;
     for (const auto& s : d["steps"]) {
       const bool tried = s.contains("after_s");
-      md += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", ++n, s.value("skill", ""), cell(s.value("what", "")),
+      md += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", ++n, s.value("skill", ""), gates::markdown_cell(s.value("what", "")),
                         tried ? ms(s.value("before_s", 0.0)) : "-", tried ? ms(s.value("after_s", 0.0)) : "-",
-                        s.value("gate", "-"), cell(s.value("result", "")));
+                        s.value("gate", "-"), gates::markdown_cell(s.value("result", "")));
     }
     md += fmt::format("\nFinal plan `{}`: {} ({:.2f}x the start).\n", d.value("final_plan", ""), ms(d.value("final_s", 0.0)),
                       d.value("start_s", 0.0) / std::max(d.value("final_s", 1.0), 1e-12));

@@ -33,13 +33,14 @@ PhaseOutcome kernel_rows_outcome(StagedRunner& target, const OpInputs& in, const
   return out;
 }
 
+OpInputs op_table_inputs(const Model& model, const Tokenizer& tok, OracleRunner& oracle, int threads) {
+  return op_inputs(model, oracle, long_prompt(tok, 64), threads > 0 ? threads : default_threads());
+}
+
 const OpInputs& PhaseContext::op_inputs() {
   if (!op_inputs_) {
-    const int host_threads = opts.threads > 0 ? opts.threads : default_threads();
-    // Real activations: the oracle's layer 0 on the concatenated canonical prompts.
-    std::vector<int32_t> ids = long_prompt(*this, kOpTableTokens);
-    progress(fmt::format("[op table] oracle activations for {} tokens", ids.size()));
-    op_inputs_ = std::make_unique<OpInputs>(tessera::op_inputs(model, oracle(), std::move(ids), host_threads));
+    progress("[op table] the oracle's layer-0 activations on the long prompt");
+    op_inputs_ = std::make_unique<OpInputs>(op_table_inputs(model, tokenizer(), oracle(), opts.threads));
   }
   return *op_inputs_;
 }

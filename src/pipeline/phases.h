@@ -100,9 +100,10 @@ std::vector<CanonicalPrompt> canonical_prompts(const Tokenizer& tok);
 // positions left before the model's context ends).
 std::vector<int32_t> long_prompt(PhaseContext& ctx, size_t cap);
 std::vector<int32_t> long_prompt(const Tokenizer& tok, size_t cap);
-// The op table's prompt: the long prompt capped at 64 tokens (phase 1, phases 4-6, the
-// debug skills and `tessera kernels` all gate on the same activations).
-constexpr size_t kOpTableTokens = 64;
+// The op table's inputs: the oracle's layer 0 on the long prompt capped at 64 tokens (phase
+// 1, phases 4-6, the debug skills and `tessera kernels` all gate on the same activations);
+// threads <= 0: default_threads().
+OpInputs op_table_inputs(const Model& model, const Tokenizer& tok, OracleRunner& oracle, int threads);
 int64_t long_position(const ModelSpec& s, int64_t room);
 
 // Attention inputs whose largest causal score (scale included) is `max_score`, past exp's

@@ -48,13 +48,9 @@ Hypothesis judged(const Output& o, std::string name, std::string cause, const st
   TensorMetrics m;
   const bool ok = passes(o, corrected, &m);
   Hypothesis h{std::move(name), std::move(cause), ok ? "confirmed" : "ruled out", ""};
+  const gates::Check* limit = o.r.gate.check("nmse");
   h.evidence = fmt::format("{}; corrected this way, NMSE {:.3g} -> {:.3g} (row limit {:.3g}), {}", detail,
-                           o.r.measured.nmse, m.nmse,
-                           [&] {
-                             for (const auto& c : o.r.gate.checks)
-                               if (c.metric == "nmse") return c.limit;
-                             return 0.0;
-                           }(),
+                           o.r.measured.nmse, m.nmse, limit ? limit->limit : 0.0,
                            ok ? "the row passes" : "the row still fails");
   return h;
 }
@@ -179,6 +175,29 @@ void isolated(const Output& o, std::vector<Hypothesis>& out) {
                                    k, o.rows * o.cols)));
 }
 
+// The fewest groups (heads, rows) whose error energies add up to `share` of `total`, in
+// index order, and a mask of them; `held` is what they hold.
+struct Picked {
+  std::vector<int64_t> groups;
+  std::vector<bool> is;
+  double held = 0;
+};
+Picked largest_groups(const std::vector<double>& energy, double share, double total) {
+  std::vector<std::pair<double, int64_t>> order;
+  for (size_t g = 0; g < energy.size(); ++g) order.push_back({energy[g], int64_t(g)});
+  std::sort(order.rbegin(), order.rend());
+  Picked p;
+  p.is.assign(energy.size(), false);
+  for (const auto& [e, g] : order) {
+    if (p.held >= share * total) break;
+    p.held += e;
+    p.groups.push_back(g);
+    p.is[size_t(g)] = true;
+  }
+  std::sort(p.groups.begin(), p.groups.end());
+  return p;
+}
+
 // Where the error is: the smallest set of heads, trailing columns or rows that holds most
 // of its energy, then the oracle's values put back there and the row re-judged.
 void confined(const Output& o, int64_t head_dim, std::vector<Hypothesis>& out) {
@@ -202,28 +221,17 @@ void confined(const Output& o, int64_t head_dim, std::vector<Hypothesis>& out) {
   // Heads (outputs made of head_dim-wide blocks: q, k, v, attention).
   if (head_dim > 0 && o.cols % head_dim == 0 && o.cols / head_dim > 1) {
     const int64_t heads = o.cols / head_dim;
-    std::vector<std::pair<double, int64_t>> he;
+    std::vector<double> head_e(static_cast<size_t>(heads));
     for (int64_t h = 0; h < heads; ++h)
-      he.push_back({std::accumulate(col_e.begin() + h * head_dim, col_e.begin() + (h + 1) * head_dim, 0.0), h});
-    std::sort(he.rbegin(), he.rend());
-    std::vector<int64_t> picked;
-    double acc = 0;
-    for (const auto& [e, h] : he) {
-      if (acc >= frac_min * total) break;
-      acc += e;
-      picked.push_back(h);
-    }
-    if (int64_t(picked.size()) < heads) {
-      std::sort(picked.begin(), picked.end());
-      std::vector<bool> is(size_t(heads), false);
-      for (int64_t h : picked) is[size_t(h)] = true;
-      out.push_back(judged(o, fmt::format("the error is confined to {} of {} heads", picked.size(), heads),
-                           fmt::format("error confined to heads {} of {}", fmt::join(picked, " "), o.subject()),
-                           repaired([&](int64_t, int64_t j) { return is[size_t(j / head_dim)]; }),
+      head_e[size_t(h)] = std::accumulate(col_e.begin() + h * head_dim, col_e.begin() + (h + 1) * head_dim, 0.0);
+    const Picked p = largest_groups(head_e, frac_min, total);
+    if (int64_t(p.groups.size()) < heads)
+      out.push_back(judged(o, fmt::format("the error is confined to {} of {} heads", p.groups.size(), heads),
+                           fmt::format("error confined to heads {} of {}", fmt::join(p.groups, " "), o.subject()),
+                           repaired([&](int64_t, int64_t j) { return p.is[size_t(j / head_dim)]; }),
                            fmt::format("heads {} hold {:.0f}% of the error: look at per-head indexing (kv-head "
                                        "mapping, head offsets, a loop over fewer heads)",
-                                       fmt::join(picked, " "), 100 * acc / total)));
-    }
+                                       fmt::join(p.groups, " "), 100 * p.held / total)));
   }
   // A tail of columns: the first column from which on the rest holds most of the error.
   {
@@ -240,28 +248,17 @@ void confined(const Output& o, int64_t head_dim, std::vector<Hypothesis>& out) {
   }
   // Rows (positions).
   if (o.rows > 1) {
-    std::vector<std::pair<double, int64_t>> re;
-    for (int64_t r = 0; r < o.rows; ++r) re.push_back({row_e[size_t(r)], r});
-    std::sort(re.rbegin(), re.rend());
-    std::vector<int64_t> picked;
-    double acc = 0;
-    for (const auto& [e, r] : re) {
-      if (acc >= frac_min * total) break;
-      acc += e;
-      picked.push_back(r);
-    }
-    if (int64_t(picked.size()) * 2 <= o.rows) {
-      std::sort(picked.begin(), picked.end());
-      std::vector<bool> is(size_t(o.rows), false);
-      for (int64_t r : picked) is[size_t(r)] = true;
-      const std::string list = picked.size() > 8 ? fmt::format("{} rows from {} to {}", picked.size(), picked.front(), picked.back())
-                                                 : fmt::format("rows {}", fmt::join(picked, " "));
-      out.push_back(judged(o, fmt::format("the error is confined to {} of {} positions (rows)", picked.size(), o.rows),
+    const Picked p = largest_groups(row_e, frac_min, total);
+    if (int64_t(p.groups.size()) * 2 <= o.rows) {
+      const std::string list = p.groups.size() > 8
+                                   ? fmt::format("{} rows from {} to {}", p.groups.size(), p.groups.front(), p.groups.back())
+                                   : fmt::format("rows {}", fmt::join(p.groups, " "));
+      out.push_back(judged(o, fmt::format("the error is confined to {} of {} positions (rows)", p.groups.size(), o.rows),
                            fmt::format("error confined to {} of {}", list, o.subject()),
-                           repaired([&](int64_t r, int64_t) { return is[size_t(r)]; }),
+                           repaired([&](int64_t r, int64_t) { return p.is[size_t(r)]; }),
                            fmt::format("{} hold {:.0f}% of the error: look at position-dependent code (masks, "
                                        "cache rows, the first or last tile of a sequence)",
-                                       list, 100 * acc / total)));
+                                       list, 100 * p.held / total)));
     }
   }
 }
