@@ -14,6 +14,8 @@
 
 #include "model/presets.h"
 #include "eval/audit.h"
+#include "faults/catalogue.h"
+#include "faults/injection.h"
 #include "pipeline/deploy.h"
 #include "pipeline/executor.h"
 #include "synth/synth.h"
@@ -110,7 +112,7 @@ std::string fault_case_name(const ::testing::TestParamInfo<FaultCase>& info) {
 
 TEST_P(DeployFault, CaughtByItsPhaseAndNamedByBisect) {
   const FaultCase& c = GetParam();
-  const FaultInfo& info = fault_info(c.fault);
+  const FaultInfo& info = target_fault_info("cpu", c.fault);
   ScratchDir out("fault");
   const std::string model_path = tiny_model(c.preset);
   const DeployResult r = deploy(deploy_options(model_path, out.str("dep"), {c.fault}));
@@ -187,7 +189,7 @@ INSTANTIATE_TEST_SUITE_P(
 #endif
 
 TEST(Deploy, EveryKnownFaultHasACase) {
-  // The list above must cover known_faults(); a new fault without a test fails here. The
+  // The list above must cover the porting faults; a new fault without a test fails here. The
   // evaluator's faults (first phase 7) have theirs in test_audit.cc.
   const std::set<std::string> covered = {"rope-interleaved", "rope-scaling-prefill-only", "drop-qkv-bias", "qk-norm-after-rope",
                                          "gqa-modulo", "attn-scale-hidden", "stale-kv", "bf16-accumulate", "fused-qkv-swap",
@@ -196,7 +198,7 @@ TEST(Deploy, EveryKnownFaultHasACase) {
                                          "mask-off-by-one", "kv-layer-aliased", "softmax-unshifted", "double-bos", "eos-first-only",
                                          "oracle-fallback",
                                          "nondeterministic"};
-  for (const FaultInfo& f : known_faults()) EXPECT_TRUE(covered.count(f.name)) << f.name;
+  for (const FaultInfo& f : porting_faults()) EXPECT_TRUE(covered.count(f.name)) << f.name;
 }
 
 // Phase 0's tokenizer row on a bad input: a fixture whose text no longer gives its ids (the
@@ -231,9 +233,13 @@ TEST(Targets, RegistryMakesCpuAndRefusesWhatNoTargetHas) {
   const std::vector<std::string> names = target_names();
   ASSERT_FALSE(names.empty());
   EXPECT_EQ(names.front(), "cpu");  // the default
-  // The cpu target's faults are today's known_faults(), in order.
-  ASSERT_EQ(target_faults("cpu").size(), known_faults().size());
-  for (size_t i = 0; i < known_faults().size(); ++i) EXPECT_EQ(target_faults("cpu")[i].name, known_faults()[i].name);
+  // The cpu has no faults of its own: it takes the porting faults, in order; npusim its own
+  // mapping faults first, then the same porting faults.
+  ASSERT_EQ(target_faults("cpu").size(), porting_faults().size());
+  for (size_t i = 0; i < porting_faults().size(); ++i) EXPECT_EQ(target_faults("cpu")[i].name, porting_faults()[i].name);
+  EXPECT_EQ(target_faults("npusim").size(), target_def("npusim").faults().size() + porting_faults().size());
+  EXPECT_TRUE(is_targets_own_fault("npusim", "l1-overflow"));
+  EXPECT_FALSE(is_targets_own_fault("npusim", "stale-kv"));
   auto message = [](auto&& f) {
     try {
       f();
@@ -255,8 +261,7 @@ TEST(Targets, RegistryMakesCpuAndRefusesWhatNoTargetHas) {
   const Model model = Model::open(tiny_model("SmolLM2-360M"));
   TargetOptions o;
   o.threads = 2;
-  o.faults = {"stale-kv"};
-  const std::unique_ptr<StagedRunner> r = make_target_runner("cpu", model, o);
+  const std::unique_ptr<StagedRunner> r = make_runner_with_faults("cpu", model, o, {"stale-kv"});
   EXPECT_EQ(r->target(), "cpu");
   EXPECT_EQ(r->description().rfind("cpu (", 0), 0u) << r->description();
   EXPECT_NE(r->description().find("2 threads"), std::string::npos) << r->description();
@@ -265,7 +270,8 @@ TEST(Targets, RegistryMakesCpuAndRefusesWhatNoTargetHas) {
   EXPECT_EQ(plan["dispatches"].size(), size_t(3 + model.spec().n_layers * int64_t(layer_stages().size())));
   EXPECT_GT(r->weight_bytes_per_token(), 0);
   EXPECT_GT(r->kv_bytes_per_position(), 0);
-  o.faults = {"no-such-fault"};
+  EXPECT_THROW(make_runner_with_faults("cpu", model, o, {"no-such-fault"}), Error);
+  o.faults = {"stale-kv"};  // the registry takes a target's own faults only: the others are applied from outside
   EXPECT_THROW(make_target_runner("cpu", model, o), Error);
 }
 

@@ -10,6 +10,7 @@
 
 #include "model/presets.h"
 #include "eval/audit.h"
+#include "faults/catalogue.h"
 #include "pipeline/deploy.h"
 #include "pipeline/deployment.h"
 #include "targets/npusim/npusim_runner.h"
@@ -166,7 +167,7 @@ TEST(NpusimDeploy, RefusesAnUnknownPlanOrDevice) {
   EXPECT_FALSE(fs::exists(out.path() / "a"));
 }
 
-// ---- faults: each mapping bug is caught by the phase that must catch it
+// ---- faults: each mapping bug (and a porting fault) is caught by the phase that must catch it
 
 class NpusimFault : public ::testing::TestWithParam<std::string> {};
 
@@ -195,7 +196,10 @@ INSTANTIATE_TEST_SUITE_P(Faults, NpusimFault,
                          // Under ASan/UBSan: one refusal, one wrong-numbers fault (CI time).
                          ::testing::Values("l1-overflow", "stale-buffer"),
 #else
-                         ::testing::Values("l1-overflow", "bd-exhaustion", "bad-access-pattern", "stale-buffer", "dma-channels"),
+                         // Its own mapping bugs, then porting faults applied from outside the
+                         // target exactly as on the cpu (faults/kernel_faults.cc).
+                         ::testing::Values("l1-overflow", "bd-exhaustion", "bad-access-pattern", "stale-buffer", "dma-channels",
+                                           "rope-interleaved", "attn-scale-no-sqrt", "stale-kv"),
 #endif
                          param_name);
 

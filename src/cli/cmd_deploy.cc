@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "faults/catalogue.h"
 #include "model/default_model.h"
 #include "pipeline/deploy.h"
 #include "pipeline/perturb.h"
@@ -31,16 +32,17 @@ struct DeployArgs {
   bool quiet = false;
 };
 
-// --inject's help: each target's faults ("cpu: a, b; npusim: c" once there are several).
+// --inject's help: the faults every target takes, then each target's own.
 std::string inject_help() {
-  std::string text;
-  const std::vector<TargetDef>& defs = target_defs();
-  for (const TargetDef& d : defs) {
-    std::vector<std::string> names;
-    for (const FaultInfo& f : d.faults()) names.push_back(f.name);
-    text += (text.empty() ? "" : "; ") + (defs.size() > 1 ? d.name + ": " : std::string()) + fmt::format("{}", fmt::join(names, ", "));
-  }
-  return "Make the target wrong on purpose (repeatable): " + text;
+  auto names = [](const std::vector<FaultInfo>& faults) {
+    std::vector<std::string> n;
+    for (const FaultInfo& f : faults) n.push_back(f.name);
+    return fmt::format("{}", fmt::join(n, ", "));
+  };
+  std::string text = "Make the deployment wrong on purpose (repeatable): " + names(porting_faults());
+  for (const TargetDef& d : target_defs())
+    if (!d.faults().empty()) text += "; " + d.name + " also: " + names(d.faults());
+  return text;
 }
 
 std::string default_out_dir(const std::string& model_path, const std::string& target) {

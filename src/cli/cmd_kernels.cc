@@ -12,6 +12,7 @@
 #include "pipeline/deploy.h"
 #include "pipeline/deployment.h"
 #include "pipeline/op_table.h"
+#include "faults/injection.h"
 #include "pipeline/perturb.h"
 #include "pipeline/phases.h"
 #include "targets/registry.h"
@@ -48,12 +49,13 @@ int run_kernels(const KernelsArgs& a) {
   std::string target = a.target, model_path, source;
   const bool deployment = std::filesystem::exists(std::filesystem::path(a.what) / "state.json");
   std::vector<std::string> perturbations;
+  FaultSet faults;
   if (deployment) {
     const Deployment dep = Deployment::open_existing(a.what);
     const nlohmann::json& id = dep.identity();
     target = id.at("target");
     model_path = id.at("model_path");
-    for (const auto& f : id.value("faults", nlohmann::json::array())) o.faults.insert(f.get<std::string>());
+    for (const auto& f : id.value("faults", nlohmann::json::array())) faults.insert(f.get<std::string>());
     perturbations = id.value("perturbations", std::vector<std::string>{});
     o.plan = read_json_file(dep.file("plan.json"));
     source = fmt::format("deployment {} (plan {}{})", a.what, o.plan.value("name", ""),
@@ -65,7 +67,7 @@ int run_kernels(const KernelsArgs& a) {
   }
   for (const std::string& p : a.perturb) perturbations.push_back(parse_perturbation(p).spec);
   const Model model = Model::open(model_path);
-  std::unique_ptr<StagedRunner> runner = make_target_runner(target, model, o);
+  std::unique_ptr<StagedRunner> runner = make_runner_with_faults(target, model, o, faults);
   runner->set_output_tap(perturbation_tap(perturbations));
   const Tokenizer tok = Tokenizer::for_model(model);
   OracleRunner oracle(model, a.threads);

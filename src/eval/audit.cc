@@ -194,7 +194,7 @@ struct Rates {
 Rates measure_phase6_rates(PhaseContext& ctx) {
   const int n = int(gates::threshold("phase6.tokens")), k = int(gates::threshold("phase6.topk"));
   double pt = 0, ps = 0, dt = 0, ds = 0;
-  for (const CanonicalPrompt& p : phase6_prompts(ctx.tokenizer())) {
+  for (const CanonicalPrompt& p : phase6_prompts(ctx)) {
     const Greedy g = greedy(ctx.target(), p.ids, n, k);
     pt += double(p.ids.size());
     ps += g.prefill_s;
@@ -267,7 +267,7 @@ void audit_figures(Auditor& a, PhaseContext& ctx, const nlohmann::json& report, 
 
 void audit_adversarial(Auditor& a, PhaseContext& ctx) {
   std::set<std::string> used;
-  for (const CanonicalPrompt& p : canonical_prompts(ctx.tokenizer())) used.insert(p.text);
+  for (const CanonicalPrompt& p : ctx.prompts()) used.insert(p.text);
   int n = 0;
   std::vector<std::string> bad;
   for (const char* text : kAdversarialPrompts) {
@@ -286,7 +286,7 @@ void audit_adversarial(Auditor& a, PhaseContext& ctx) {
 }
 
 void audit_determinism(Auditor& a, PhaseContext& ctx) {
-  const CanonicalPrompt p = canonical_prompts(ctx.tokenizer()).back();
+  const CanonicalPrompt p = ctx.prompts().back();
   StagedRunner& t = ctx.target();
   std::vector<std::vector<float>> logits;
   std::vector<std::vector<int32_t>> tokens;

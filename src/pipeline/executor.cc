@@ -9,6 +9,7 @@
 #include "model/default_model.h"
 #include "pipeline/deploy.h"
 #include "pipeline/deployment.h"
+#include "faults/injection.h"
 #include "pipeline/perturb.h"
 #include "pipeline/plan.h"
 #include "targets/registry.h"
@@ -41,14 +42,15 @@ Executor open_deployment(const std::string& dir, const ExecutorOptions& opts) {
   TargetOptions o;
   o.threads = opts.threads;
   o.profile = opts.profile;
-  for (const auto& f : id["faults"]) o.faults.insert(f.get<std::string>());
+  FaultSet faults;
+  for (const auto& f : id["faults"]) faults.insert(f.get<std::string>());
   o.plan_name = id.value("plan", "");
   o.device = id.value("device", "");
   const TargetDef& def = target_def(target);
   if (def.options_from_plan) def.options_from_plan(plan, o);
   Executor e;
   e.model = std::make_unique<Model>(Model::open(model_path));
-  std::unique_ptr<StagedRunner> runner = make_target_runner(target, *e.model, o);
+  std::unique_ptr<StagedRunner> runner = make_runner_with_faults(target, *e.model, o, faults);
   runner->set_output_tap(perturbation_tap(id.value("perturbations", std::vector<std::string>{})));
   e.runner = std::move(runner);
   e.source = dir;

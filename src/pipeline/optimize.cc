@@ -46,7 +46,7 @@ Gated model_gate(PhaseContext& ctx, StagedRunner& runner, Pass pass) {
     g.pass = g.pass && r.gate.pass();
     g.rows.push_back(r.gate);
   }
-  for (const CanonicalPrompt& p : canonical_prompts(ctx.tokenizer())) {
+  for (const CanonicalPrompt& p : ctx.prompts()) {
     GateResult row = GateResult::from_json(model_gate_record(ctx, runner, p, pass == Pass::Decode)["gate"]);
     if (!row.pass() && g.first_failure.empty()) g.first_failure = row.subject;
     g.pass = g.pass && row.pass();
@@ -200,7 +200,7 @@ PhaseOutcome optimize_pass(PhaseContext& ctx, Pass pass, int phase_id) {
   int tried = 0, kept = 0;
   const std::vector<OptSkill> none;
   for (const OptSkill& skill : def.skills ? def.skills() : none) {
-    if (skill.name == "merge" && cur->injected("merge-skipped")) {  // porting pitfall 14 on purpose
+    if (skill.name == "merge" && ctx.opts.faults.count("merge-skipped")) {  // porting pitfall 14 on purpose
       steps.push_back({{"skill", skill.name}, {"what", "not tried (--inject merge-skipped)"}, {"result", "skipped: injected fault"}});
       continue;
     }

@@ -48,7 +48,7 @@ PhaseOutcome run_phase0_oracle(PhaseContext& ctx) {
   out.gates.push_back(weights);
 
   // 2. logits finite and not degenerate on a canonical prompt
-  const auto prompts = canonical_prompts(ctx.tokenizer());
+  const auto prompts = ctx.prompts();
   OracleRunner& oracle = ctx.oracle();
   oracle.reset();
   const std::vector<float> logits = oracle.forward(prompts[0].ids, false);

@@ -82,7 +82,7 @@ nlohmann::json model_gate_record(PhaseContext& ctx, StagedRunner& target, const 
 
 PhaseOutcome run_phase3_model(PhaseContext& ctx) {
   PhaseOutcome out;
-  const auto prompts = canonical_prompts(ctx.tokenizer());
+  const auto prompts = ctx.prompts();
   const fs::path resume_dir = ctx.dep.file("phase3");
   fs::create_directories(resume_dir);
   int decisive = 0, resumed = 0;

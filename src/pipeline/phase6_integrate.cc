@@ -88,7 +88,7 @@ PhaseOutcome run_phase6_integrate(PhaseContext& ctx) {
   for (GateResult& g : block_rows(ctx, ctx.target(), "phase6.block", nullptr)) out.gates.push_back(std::move(g));
   const int n = int(gates::threshold("phase6.tokens"));
   const int k = int(gates::threshold("phase6.topk"));
-  const std::vector<CanonicalPrompt> prompts = phase6_prompts(ctx.tokenizer());
+  const std::vector<CanonicalPrompt> prompts = phase6_prompts(ctx);
   double prefill_tokens = 0, prefill_s = 0, decode_tokens = 0, decode_s = 0;
   for (const CanonicalPrompt& p : prompts) {
     ctx.progress(fmt::format("[phase 6] greedy {} tokens: \"{}\"", n, p.text));
@@ -114,8 +114,7 @@ PhaseOutcome run_phase6_integrate(PhaseContext& ctx) {
   // Porting pitfall 13: the runtime `tessera run` uses must stop on every end-of-sequence id
   // the checkpoint declares (read here from its files, not through the loader).
   {
-    Generator gen(ctx.target(), ctx.tokenizer());
-    const std::vector<int32_t>& stops = gen.stop_ids();
+    const std::vector<int32_t> stops = Generator(ctx.target(), ctx.tokenizer(), ctx.stop_ids()).stop_ids();
     const std::vector<DeclaredEos> declared = declared_eos_ids(ctx.model, ctx.tokenizer());
     std::vector<std::string> missing;
     nlohmann::json declared_j = nlohmann::json::array();

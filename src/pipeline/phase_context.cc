@@ -5,7 +5,7 @@
 #include "oracle/oracle.h"
 #include "pipeline/op_table.h"
 #include "pipeline/perturb.h"
-#include "targets/registry.h"
+#include "faults/injection.h"
 
 namespace tessera {
 
@@ -13,12 +13,15 @@ PhaseContext::PhaseContext(Deployment& d, const Model& m, const DeployOptions& o
 PhaseContext::~PhaseContext() = default;
 
 const Tokenizer& PhaseContext::tokenizer() {
-  if (!tokenizer_) {
-    tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::for_model(model));
-    if (opts.faults.count("double-bos")) tokenizer_->inject_double_bos();
-  }
+  if (!tokenizer_) tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::for_model(model));
   return *tokenizer_;
 }
+std::vector<CanonicalPrompt> PhaseContext::prompts() {
+  std::vector<CanonicalPrompt> out = canonical_prompts(tokenizer());
+  for (CanonicalPrompt& p : out) p.ids = runtime_prompt_ids(opts.faults, tokenizer(), std::move(p.ids));
+  return out;
+}
+std::vector<int32_t> PhaseContext::stop_ids() { return runtime_stop_ids(opts.faults, tokenizer(), model.spec()); }
 OracleRunner& PhaseContext::oracle() {
   if (!oracle_) oracle_ = std::make_unique<OracleRunner>(model, opts.threads);
   return *oracle_;
@@ -26,7 +29,6 @@ OracleRunner& PhaseContext::oracle() {
 TargetOptions target_options(const DeployOptions& opts) {
   TargetOptions o;
   o.threads = opts.threads;
-  o.faults = opts.faults;
   o.plan_name = opts.plan_name;
   o.device = opts.device;
   return o;
@@ -36,7 +38,7 @@ StagedRunner& PhaseContext::target() {
   if (!target_) {
     TargetOptions o = target_options(opts);
     o.plan = plan_;
-    target_ = make_target_runner(opts.target, model, o);
+    target_ = make_runner_with_faults(opts.target, model, o, opts.faults);
     target_->set_output_tap(perturbation_tap(opts.perturbations));
   }
   return *target_;
@@ -50,7 +52,7 @@ void PhaseContext::use_plan(const nlohmann::json& plan) {
 std::unique_ptr<StagedRunner> PhaseContext::make_runner(const nlohmann::json& plan) const {
   TargetOptions o = target_options(opts);
   o.plan = plan;
-  std::unique_ptr<StagedRunner> r = make_target_runner(opts.target, model, o);
+  std::unique_ptr<StagedRunner> r = make_runner_with_faults(opts.target, model, o, opts.faults);
   r->set_output_tap(perturbation_tap(opts.perturbations));
   return r;
 }

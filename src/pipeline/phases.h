@@ -20,11 +20,16 @@ namespace tessera {
 
 struct OpInputs;  // pipeline/op_table.h
 
+struct CanonicalPrompt {
+  std::string text;
+  std::vector<int32_t> ids;
+};
+
 struct DeployOptions {
   std::string model_path;
   std::string out_dir;
   std::string target = "cpu";  // a name from target_names()
-  FaultSet faults;            // checked against the target's faults
+  FaultSet faults;            // --inject: names from target_faults(target) (faults/catalogue.h)
   std::vector<std::string> perturbations;  // --perturb specs (pipeline/perturb.h), applied from outside the target
   std::string plan_name;      // "": the target's default plan
   std::string device;         // "": the target's default device (profile)
@@ -36,7 +41,8 @@ struct DeployOptions {
   bool quiet = false;       // no progress lines
 };
 
-// What the registry is asked for: the target's options from the deploy options.
+// What the registry is asked for: the target's options from the deploy options (the faults
+// are applied by faults/injection.h's make_runner_with_faults).
 TargetOptions target_options(const DeployOptions& opts);
 
 struct PhaseOutcome {
@@ -57,6 +63,10 @@ class PhaseContext {
   const Model& model;
   const DeployOptions& opts;
   const Tokenizer& tokenizer();
+  // The canonical prompts as the runtime hands them to the model (the tokenizer's ids, then
+  // the prompt path's injected faults), and the runtime's stop set: what every phase runs.
+  std::vector<CanonicalPrompt> prompts();
+  std::vector<int32_t> stop_ids();
   OracleRunner& oracle();
   StagedRunner& target();  // opts.target from the registry, with opts.faults injected
   // From now on, target() runs `plan` (phases 4 and 5's result; phase 6 freezes it).
@@ -89,10 +99,6 @@ class PhaseContext {
   std::map<std::vector<int32_t>, OracleRun> oracle_runs_;
 };
 
-struct CanonicalPrompt {
-  std::string text;
-  std::vector<int32_t> ids;
-};
 // The canonical prompts, tokenized the model's way (its family's BOS rule).
 std::vector<CanonicalPrompt> canonical_prompts(const Tokenizer& tok);
 // All canonical prompts concatenated, capped at `cap` tokens (phases 1, 2 and the debug
@@ -164,7 +170,7 @@ struct Greedy {
 };
 Greedy greedy(ModelRunner& r, const std::vector<int32_t>& prompt, int n, int k);
 // The prompts phase 6 generates from (the first phase6.prompts_min + 1 canonical ones).
-std::vector<CanonicalPrompt> phase6_prompts(const Tokenizer& tok);
+std::vector<CanonicalPrompt> phase6_prompts(PhaseContext& ctx);
 
 // Phase 3's gate row for one prompt on `target`, as phase 3 records it: {"ids", "text",
 // "decisive", "top1_prob", "layer_cosines", "gate"}. Phases 4 and 5 re-run it on every

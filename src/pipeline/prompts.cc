@@ -62,18 +62,21 @@ StressAttention stress_attention_inputs(const ModelSpec& s, const std::vector<fl
 
 // All canonical prompts concatenated (with their BOS where the family uses one), capped:
 // phase 1 and 2 want one longer sequence so that GEMM tiles and causal masks are exercised.
-std::vector<int32_t> long_prompt(const Tokenizer& tok, size_t cap) {
+namespace {
+std::vector<int32_t> concatenated(const std::vector<CanonicalPrompt>& prompts, size_t cap) {
   std::vector<int32_t> ids;
-  for (const CanonicalPrompt& p : canonical_prompts(tok)) ids.insert(ids.end(), p.ids.begin(), p.ids.end());
+  for (const CanonicalPrompt& p : prompts) ids.insert(ids.end(), p.ids.begin(), p.ids.end());
   if (ids.size() > cap) ids.resize(cap);
   return ids;
 }
-std::vector<int32_t> long_prompt(PhaseContext& ctx, size_t cap) { return long_prompt(ctx.tokenizer(), cap); }
+}  // namespace
+std::vector<int32_t> long_prompt(const Tokenizer& tok, size_t cap) { return concatenated(canonical_prompts(tok), cap); }
+std::vector<int32_t> long_prompt(PhaseContext& ctx, size_t cap) { return concatenated(ctx.prompts(), cap); }
 
 
-std::vector<CanonicalPrompt> phase6_prompts(const Tokenizer& tok) {
+std::vector<CanonicalPrompt> phase6_prompts(PhaseContext& ctx) {
   const size_t n_prompts = size_t(gates::threshold("phase6.prompts_min")) + 1;
-  const auto all = canonical_prompts(tok);
+  const auto all = ctx.prompts();
   return {all.begin(), all.begin() + long(std::min(n_prompts, all.size()))};
 }
 

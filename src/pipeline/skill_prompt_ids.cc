@@ -16,8 +16,10 @@ namespace tessera {
 std::vector<Hypothesis> prompt_ids(PhaseContext& ctx, const Failure& f) {
   const Tokenizer& tok = ctx.tokenizer();
   std::vector<Hypothesis> out;
-  const std::string text = canonical_prompts(tok).front().text;
-  const std::vector<int32_t> prompt = tok.encode_prompt(text), raw = tok.encode_raw(text);
+  const CanonicalPrompt first = ctx.prompts().front();  // as the prompt path hands it to the model
+  const std::string& text = first.text;
+  const std::vector<int32_t>& prompt = first.ids;
+  const std::vector<int32_t> raw = tok.encode_raw(text);
   const auto bos = tok.bos_id();
   Hypothesis dbl{"a second BOS before the prompt", "double-bos", "", ""};
   if (!bos || !tok.adds_bos()) {

@@ -12,11 +12,10 @@
 namespace tessera {
 
 // "tokenizer_config / generation config": which declared ids the runtime's stop set misses,
-// and where each is declared. Runs the runtime's own Generator on a fresh runner.
+// and where each is declared: the runtime's stop set as phase 6 took it.
 std::vector<Hypothesis> stop_set(PhaseContext& ctx, const Failure&) {
-  std::unique_ptr<StagedRunner> t = ctx.fresh_target();
   const Tokenizer& tok = ctx.tokenizer();
-  const std::vector<int32_t> stops = Generator(*t, tok).stop_ids();
+  const std::vector<int32_t> stops = ctx.stop_ids();
   const std::vector<DeclaredEos> declared = declared_eos_ids(ctx.model, tok);
   std::vector<std::string> missing, only_generation_config;
   for (const DeclaredEos& d : declared)

@@ -56,12 +56,11 @@ std::vector<int32_t> stop_ids(const Tokenizer& tokenizer, const ModelSpec& spec)
 }
 
 Generator::Generator(ModelRunner& runner, const Tokenizer& tokenizer)
-    : runner_(runner), tokenizer_(tokenizer), stop_ids_(tessera::stop_ids(tokenizer, runner.spec())) {
-  // Porting pitfall 13 on purpose: only the tokenizer's own eos_token stops generation.
-  if (runner.injected("eos-first-only")) {
-    const std::optional<int32_t> eos = tokenizer.token_id(tokenizer.eos_token());
-    stop_ids_ = eos ? std::vector<int32_t>{*eos} : std::vector<int32_t>{};
-  }
+    : Generator(runner, tokenizer, tessera::stop_ids(tokenizer, runner.spec())) {}
+
+Generator::Generator(ModelRunner& runner, const Tokenizer& tokenizer, std::vector<int32_t> stop_ids)
+    : runner_(runner), tokenizer_(tokenizer), stop_ids_(std::move(stop_ids)) {
+  std::sort(stop_ids_.begin(), stop_ids_.end());
 }
 
 GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const GenerationOptions& options,

@@ -51,7 +51,9 @@ std::vector<int32_t> stop_ids(const Tokenizer& tokenizer, const ModelSpec& spec)
 
 class Generator {
  public:
+  // Stops on stop_ids(tokenizer, runner.spec()), or on the ids given.
   Generator(ModelRunner& runner, const Tokenizer& tokenizer);
+  Generator(ModelRunner& runner, const Tokenizer& tokenizer, std::vector<int32_t> stop_ids);
   const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
 
   // Runs `prompt` after whatever the runner's KV cache already holds (so a chat can extend

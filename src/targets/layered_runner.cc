@@ -16,20 +16,13 @@ void grow(std::vector<float>& v, int64_t n) {
 }
 }  // namespace
 
-LayeredRunner::LayeredRunner(const Model& model, FaultSet faults, std::set<Stage> oracle_stages, bool profile)
-    : model_(model), faults_(std::move(faults)), oracle_stages_(std::move(oracle_stages)), profile_(profile) {
-  // The evaluator's faults (phase 7 must catch them; every gate before passes): a stage
-  // computed by the oracle's kernel without a word (only the op counters show it).
-  if (fault("oracle-fallback")) oracle_stages_.insert(Stage::SiluMul);
+LayeredRunner::LayeredRunner(const Model& model, std::set<Stage> oracle_stages, bool profile)
+    : model_(model), oracle_stages_(std::move(oracle_stages)), profile_(profile) {
   const ModelSpec& s = model.spec();
   layers_.reserve(size_t(s.n_layers));
   for (int64_t l = 0; l < s.n_layers; ++l) layers_.push_back(load_layer_params(model, l));
   final_norm_ = model.get("model.norm.weight").to_f32();
   inv_freq_ = oracle::rope_inv_freq(s);
-  ModelSpec unscaled = s;
-  unscaled.rope_scaling = RopeScaling{};
-  unscaled.rope_freq_factors.clear();
-  inv_freq_unscaled_ = oracle::rope_inv_freq(unscaled);
 }
 
 const LayerParams& LayeredRunner::layer(int64_t l) const {
@@ -144,13 +137,24 @@ void LayeredRunner::op_rmsnorm(Stage which, int64_t l, const float* x, int64_t T
 void LayeredRunner::op_linear(Stage s, const float* x, int64_t T, const std::string& weight,
                               const std::vector<float>& bias, float* y) {
   const float* b = bias.empty() ? nullptr : bias.data();
-  if (by_oracle(s)) oracle::linear(x, T, model_.get(weight), b, y, oracle_threads());
-  else kernel_linear(s, x, T, weight, b, y);
+  if (by_oracle(s)) {
+    oracle::linear(x, T, model_.get(weight), b, y, oracle_threads());
+  } else if (interceptor_) {
+    const LinearOut one[] = {{weight, b, y}};
+    interceptor_->linears(*this, s, x, T, one, [&](const float* xx, std::span<const LinearOut> outs) {
+      for (const LinearOut& o : outs) kernel_linear(s, xx, T, o.weight, o.bias, o.y);
+    });
+  } else {
+    kernel_linear(s, x, T, weight, b, y);
+  }
   if (tap_) tap(s, s == Stage::LmHead ? -1 : layer_of(weight), T, output_name(weight), y, T, model_.get(weight).rows());
 }
 
 void LayeredRunner::op_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) {
-  if (!by_oracle(s)) kernel_linears(s, x, T, outs);
+  if (!by_oracle(s) && interceptor_)
+    interceptor_->linears(*this, s, x, T, outs,
+                          [&](const float* xx, std::span<const LinearOut> o) { kernel_linears(s, xx, T, o); });
+  else if (!by_oracle(s)) kernel_linears(s, x, T, outs);
   else
     for (const LinearOut& o : outs) oracle::linear(x, T, model_.get(o.weight), o.bias, o.y, oracle_threads());
   if (!tap_) return;  // the names and shapes below are looked up for a tap only: not on the hot path
@@ -160,8 +164,9 @@ void LayeredRunner::op_linears(Stage s, const float* x, int64_t T, std::span<con
 }
 
 void LayeredRunner::op_rope(int64_t l, float* q, float* k, int64_t T, int64_t pos) {
-  if (!by_oracle(Stage::Rope)) kernel_rope(l, q, k, T, pos);
-  else oracle_rope(l, q, k, T, pos);
+  if (by_oracle(Stage::Rope)) oracle_rope(l, q, k, T, pos);
+  else if (interceptor_) interceptor_->rope(*this, l, q, k, T, pos, [&](float* qq, float* kk) { kernel_rope(l, qq, kk, T, pos); });
+  else kernel_rope(l, q, k, T, pos);
   tap(Stage::Rope, l, T, "q", q, T, spec().q_dim());
   tap(Stage::Rope, l, T, "k", k, T, spec().kv_dim());
 }
@@ -189,11 +194,16 @@ void LayeredRunner::op_kv_write(int64_t l, int64_t rel, const float* k, const fl
     v = vv.data();
   }
   if (by_oracle(Stage::KvWrite)) kv_store(l, rel, k, v, T);
+  else if (interceptor_)
+    interceptor_->kv_write(*this, l, rel, k, v, T,
+                           [&](int64_t layer, const float* kk, const float* vv) { kernel_kv_write(layer, rel, kk, vv, T); });
   else kernel_kv_write(l, rel, k, v, T);
 }
 
 void LayeredRunner::op_attention(int64_t l, const float* q, int64_t T, int64_t rel, float* out) {
-  if (!by_oracle(Stage::Attention)) {
+  if (!by_oracle(Stage::Attention) && interceptor_) {
+    interceptor_->attention(*this, l, q, T, rel, out, [&](int64_t layer, float* o) { kernel_attention(layer, q, T, rel, o); });
+  } else if (!by_oracle(Stage::Attention)) {
     kernel_attention(l, q, T, rel, out);
   } else {
     const int64_t KV = spec().kv_dim(), ctx = rel + T;
@@ -337,12 +347,6 @@ std::vector<float> LayeredRunner::forward(std::span<const int32_t> ids, bool all
   count(Stage::LmHead);
   static const std::vector<float> kNoBias;
   op_linear(Stage::LmHead, x.data(), rows, model_.lm_head().name, kNoBias, logits.data());
-  if (fault("nondeterministic")) {
-    // Output that changes from run to run, too little for any gate: the least likely
-    // token's logit moves by a step that differs per call.
-    float* row = logits.data() + (rows - 1) * s.vocab;
-    *std::min_element(row, row + s.vocab) -= 1e-3f * float(++nondeterministic_calls_ % 7 + 1);
-  }
   if (probe && level >= ProbeLevel::Layers) probe("logits", logits.data(), rows, s.vocab);
   if (profile_) lap(Stage::Count);
   return logits;

@@ -51,18 +51,16 @@ class LayeredRunner : public StagedRunner {
   void op_add(Stage which, float* acc, const float* x, int64_t T) final;
 
   void set_output_tap(std::shared_ptr<OutputTap> tap) override { tap_ = std::move(tap); }
+  void set_kernel_interceptor(std::shared_ptr<KernelInterceptor> i) override { interceptor_ = std::move(i); }
 
   // With profiling on: wall seconds spent in each stage since construction (or clear).
   std::map<std::string, double> stage_seconds() const;
   void clear_profile() { stage_seconds_.fill(0); }
-  bool injected(const std::string& name) const override { return faults_.count(name) > 0; }
 
  protected:
   // Loads every layer's parameters, the final norm and the RoPE frequencies.
-  LayeredRunner(const Model& model, FaultSet faults, std::set<Stage> oracle_stages, bool profile);
+  LayeredRunner(const Model& model, std::set<Stage> oracle_stages, bool profile);
 
-  bool fault(const char* name) const { return faults_.count(name) > 0; }
-  const FaultSet& faults() const { return faults_; }
   const LayerParams& layer(int64_t l) const;
   // Every matrix the forward pass multiplies by (each layer's q, k, v, o, gate, up, down),
   // the embedding table and the LM head, into the target's bf16 store.
@@ -70,11 +68,11 @@ class LayeredRunner : public StagedRunner {
   // Bytes of those matrices one decode step reads: every layer's seven and the LM head.
   int64_t decode_weight_bytes(const Bf16WeightStore& store) const;
   const std::vector<float>& norm_weight(Stage which, int64_t layer) const;
-  // Frequencies for RoPE; `unscaled` ignores the llama3 scaling (for a fault that forgets it).
-  const std::vector<float>& inv_freq(bool unscaled = false) const { return unscaled ? inv_freq_unscaled_ : inv_freq_; }
+  // Frequencies for RoPE (the model's scaling applied).
+  const std::vector<float>& inv_freq() const { return inv_freq_; }
   int64_t rel_position() const { return position_ - base_; }  // the KV cache row of the next token
 
-  // The target's kernels (injected faults are theirs to apply). Shapes as StagedRunner's op_*.
+  // The target's kernels. Shapes as StagedRunner's op_*.
   virtual void kernel_embedding(const int32_t* ids, int64_t T, float* out) = 0;
   virtual void kernel_rmsnorm(Stage which, int64_t layer, const float* w, const float* x, int64_t T, float* out) = 0;
   virtual void kernel_linear(Stage s, const float* x, int64_t T, const std::string& weight, const float* bias,
@@ -85,8 +83,8 @@ class LayeredRunner : public StagedRunner {
     for (const LinearOut& o : outs) kernel_linear(s, x, T, o.weight, o.bias, o.y);
   }
   virtual void kernel_rope(int64_t layer, float* q, float* k, int64_t T, int64_t pos) = 0;  // + Qwen3 q/k norm
-  // The KV cache write itself (the target's storage, no faults): the oracle swap of the
-  // kv_write stage uses it too. kernel_kv_write is the target's kernel around it.
+  // The KV cache write itself (the target's storage): the oracle swap of the kv_write stage
+  // uses it too. kernel_kv_write is the target's kernel around it.
   virtual void kv_store(int64_t layer, int64_t rel, const float* k, const float* v, int64_t T) = 0;
   virtual void kernel_kv_write(int64_t layer, int64_t rel, const float* k, const float* v, int64_t T) {
     kv_store(layer, rel, k, v, T);
@@ -111,17 +109,16 @@ class LayeredRunner : public StagedRunner {
   void oracle_rope(int64_t layer, float* q, float* k, int64_t T, int64_t pos);
   void lap(Stage next);
 
-  FaultSet faults_;
   std::set<Stage> oracle_stages_;
   std::shared_ptr<OutputTap> tap_;
+  std::shared_ptr<KernelInterceptor> interceptor_;
   int64_t current_layer_ = 0;  // the layer run_layer is in (phase 1's direct op_* calls: layer 0)
   bool profile_ = false;
   std::vector<LayerParams> layers_;
   std::vector<float> final_norm_;
-  std::vector<float> inv_freq_, inv_freq_unscaled_;
+  std::vector<float> inv_freq_;
   int64_t position_ = 0, base_ = 0;
   std::array<int64_t, kStageCount> target_calls_{}, oracle_calls_{};
-  int64_t nondeterministic_calls_ = 0;  // the "nondeterministic" fault's call count
   std::array<double, kStageCount> stage_seconds_{};
   Stage current_ = Stage::Count;
   std::chrono::steady_clock::time_point last_lap_;

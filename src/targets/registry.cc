@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include "targets/cpu/cpu_runner.h"
 #include "targets/npusim/npusim_runner.h"
 #include "util/error.h"
@@ -36,20 +38,13 @@ const TargetDef& target_def(const std::string& target) {
   fail("unknown target '{}' (targets: {})", target, fmt::join(target_names(), ", "));
 }
 
-const std::vector<FaultInfo>& target_faults(const std::string& target) { return target_def(target).faults(); }
-
-const FaultInfo& target_fault_info(const std::string& target, const std::string& fault) {
-  const std::vector<FaultInfo>& faults = target_faults(target);
-  for (const FaultInfo& f : faults)
-    if (f.name == fault) return f;
-  std::string names;
-  for (const FaultInfo& f : faults) names += (names.empty() ? "" : ", ") + f.name;
-  fail("unknown fault '{}' for target {}; known faults: {}", fault, target, names.empty() ? "none" : names);
-}
-
 void check_target_options(const std::string& target, const TargetOptions& options) {
   const TargetDef& def = target_def(target);
-  for (const std::string& f : options.faults) target_fault_info(target, f);
+  for (const std::string& f : options.faults) {
+    const std::vector<FaultInfo>& own = def.faults();
+    if (std::none_of(own.begin(), own.end(), [&](const FaultInfo& i) { return i.name == f; }))
+      fail("target {} has no fault '{}' of its own", target, f);
+  }
   if (def.check_options) def.check_options(options);
 }
 

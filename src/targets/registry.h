@@ -16,17 +16,14 @@ std::vector<std::string> target_names();
 std::string target_choices();
 const TargetDef& target_def(const std::string& target);  // throws listing the targets
 
-// A runner for `target` on `model`; refuses unknown targets (listing them) and faults the
-// target does not have (listing its faults). The model must outlive the runner.
+// A runner for `target` on `model`; refuses unknown targets (listing them) and faults of
+// its own the target does not have. The model must outlive the runner. The pipeline makes
+// runners through faults/injection.h's make_runner_with_faults, which applies the other faults.
 std::unique_ptr<StagedRunner> make_target_runner(const std::string& target, const Model& model,
                                                  const TargetOptions& options);
 
 // Refuses, without loading anything, options `target` cannot honour: an unknown target,
 // fault, plan or device (what make_target_runner checks first).
 void check_target_options(const std::string& target, const TargetOptions& options);
-
-// The faults `target` accepts for --inject; and one of them by name (throws naming them).
-const std::vector<FaultInfo>& target_faults(const std::string& target);
-const FaultInfo& target_fault_info(const std::string& target, const std::string& fault);
 
 }  // namespace tessera

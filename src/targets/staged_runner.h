@@ -44,6 +44,8 @@ class OutputTap {
   virtual void on_output(const StageOutput& out) = 0;
 };
 
+class KernelInterceptor;
+
 class StagedRunner : public ModelRunner {
  public:
   // One line naming the target and how it runs: "cpu (avx512bf16, 2 threads)".
@@ -61,7 +63,7 @@ class StagedRunner : public ModelRunner {
   virtual void set_oracle_stages(std::set<Stage> stages) = 0;
   virtual const std::set<Stage>& oracle_stages() const = 0;
 
-  // The stage operations as the forward pass runs them (injected faults and oracle swaps
+  // The stage operations as the forward pass runs them (oracle swaps and the interceptor
   // included); phase 1 calls them one at a time on the oracle's activations. Shapes: H =
   // hidden, Q = q_dim, KV = kv_dim, I = intermediate; `rel` is the KV cache row (position
   // minus the start position given to reset()). Every output buffer is written in full and
@@ -91,6 +93,9 @@ class StagedRunner : public ModelRunner {
   // output as the forward pass (or an op_* call) produced it, and may change it (the
   // perturbations of pipeline/perturb.h). nullptr: none.
   virtual void set_output_tap(std::shared_ptr<OutputTap> tap) = 0;
+  // The second hook: an interceptor stands in for the target's kernel of a stage, given the
+  // stage's inputs and that kernel (the named faults of faults/). nullptr: none.
+  virtual void set_kernel_interceptor(std::shared_ptr<KernelInterceptor> interceptor) = 0;
 
   // Where this target rounds and which approximations it uses (oracle/numerics.h) for
   // stage `s` in a step of T tokens (a plan may place a stage on another processor): the
@@ -130,10 +135,45 @@ class StagedRunner : public ModelRunner {
   virtual int64_t kv_bytes_per_position() const = 0;
 };
 
+// Runs in place of a target's kernel for the stages it overrides: each call gets the stage's
+// inputs and the target's own kernel as `kernel`, to call unchanged, with other arguments,
+// or not at all (a fault that computes the stage its own wrong way). The defaults call the
+// kernel unchanged. Stages swapped to the oracle's twin are not intercepted, and the output
+// tap sees what the interceptor leaves.
+class KernelInterceptor {
+ public:
+  using LinearOut = StagedRunner::LinearOut;
+  virtual ~KernelInterceptor() = default;
+  // op_linear (one output) and op_linears; `kernel` runs the target's kernel(s) on (x, outs).
+  using LinearsKernel = std::function<void(const float* x, std::span<const LinearOut> outs)>;
+  virtual void linears(StagedRunner& runner, Stage s, const float* x, int64_t T, std::span<const LinearOut> outs,
+                       const LinearsKernel& kernel) {
+    kernel(x, outs);
+  }
+  // op_rope at positions [pos, pos + T); `kernel` rotates (and Qwen3: q/k-normalizes) in place.
+  using RopeKernel = std::function<void(float* q, float* k)>;
+  virtual void rope(StagedRunner& runner, int64_t layer, float* q, float* k, int64_t T, int64_t pos,
+                    const RopeKernel& kernel) {
+    kernel(q, k);
+  }
+  // op_kv_write into cache rows [rel, rel + T); `kernel` writes k, v into `layer`'s rows.
+  using KvWriteKernel = std::function<void(int64_t layer, const float* k, const float* v)>;
+  virtual void kv_write(StagedRunner& runner, int64_t layer, int64_t rel, const float* k, const float* v, int64_t T,
+                        const KvWriteKernel& kernel) {
+    kernel(layer, k, v);
+  }
+  // op_attention of q's T rows at cache rows rel..; `kernel` attends over `layer`'s cache.
+  using AttentionKernel = std::function<void(int64_t layer, float* out)>;
+  virtual void attention(StagedRunner& runner, int64_t layer, const float* q, int64_t T, int64_t rel, float* out,
+                         const AttentionKernel& kernel) {
+    kernel(layer, out);
+  }
+};
+
 // How a target runner is made (targets/registry.h).
 struct TargetOptions {
   int threads = 0;                // host worker threads; 0: default_threads()
-  FaultSet faults;                // --inject, checked against the target's faults
+  FaultSet faults;                // the target's own faults (TargetDef::faults; the others: faults/)
   std::set<Stage> oracle_stages;  // stages run by the oracle's kernel (bisect)
   bool profile = false;           // accumulate wall time per stage, where the target can
   std::string plan_name;          // "": the target's default plan
@@ -148,7 +188,9 @@ struct TargetOptions {
 struct TargetDef {
   std::string name;  // "cpu", "npusim"
   std::function<std::unique_ptr<StagedRunner>(const Model&, const TargetOptions&)> make;
-  std::function<const std::vector<FaultInfo>&()> faults;  // the faults `--inject` accepts
+  // The faults the target itself commits on purpose (npusim's mapping bugs); the porting
+  // and runtime faults every target takes are faults/'s, applied from outside.
+  std::function<const std::vector<FaultInfo>&()> faults;
   // Refuses options the target cannot honour (an unknown plan or device), cheaply, before
   // any model is loaded; may be empty. Faults are checked by the registry.
   std::function<void(const TargetOptions&)> check_options;

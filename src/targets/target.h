@@ -1,6 +1,6 @@
 // What every executor offers generation and benchmarks: a model runner (prefill + decode
 // with a KV cache, probe points named like the oracle's, per-op execution counters), and
-// the kernel faults a target can be made to commit on purpose. The FP32 oracle is wrapped
+// how a fault a target can be made to commit on purpose is described. The FP32 oracle is wrapped
 // in the same interface so that generation, gates and benchmarks treat every executor
 // alike. What the pipeline needs beyond this is StagedRunner (targets/staged_runner.h);
 // targets are made by name through targets/registry.h.
@@ -32,9 +32,6 @@ class ModelRunner {
   virtual void truncate(int64_t positions) = 0;
   // How many times each op ran on this target since construction ("gemm", "attention", ...).
   virtual std::map<std::string, int64_t> op_counters() const { return {}; }
-  // Whether `--inject NAME` made this runner wrong on purpose: the runtime above a runner
-  // asks for the faults that live in it (a wrong stop set), the runner handles its own.
-  virtual bool injected(const std::string& fault) const { return false; }
 };
 
 // The oracle as a runner (the reference every target is gated against).
@@ -56,25 +53,16 @@ class OracleRunner final : public ModelRunner {
   Oracle oracle_;
 };
 
-// Faults a target can be made to commit on purpose (`--inject NAME`), each a known porting
-// failure from ../shared/reference/porting-pitfalls.md. The gates must catch every one.
-// Each target declares its own (TargetDef::faults; target_faults(target) in registry.h).
+// A fault a deployment can be made to commit on purpose (`--inject NAME`), each a known
+// porting failure from ../shared/reference/porting-pitfalls.md; the gates must catch every
+// one. A target declares the faults of its own mapping (TargetDef::faults); the porting and
+// runtime faults every target takes live outside the targets (faults/catalogue.h).
 struct FaultInfo {
   std::string name;
   std::string kernel;       // the stage whose output the fault corrupts (what bisect must name)
   int first_phase;          // the first phase whose gate must catch it; -1: none (an advisory skill names it)
   std::string description;
 };
-// The cpu target's faults (= target_faults("cpu")), and one of them by name (throws naming
-// them); other targets' faults: target_faults / target_fault_info in registry.h.
-const std::vector<FaultInfo>& known_faults();
-const FaultInfo& fault_info(const std::string& name);
-// Faults every target takes because they live above its kernels: the runtime's
-// ("double-bos", phase 0; "eos-first-only", phase 6) and those only the evaluator (phase 7, `tessera audit`) can
-// catch ("oracle-fallback", "nondeterministic").
-const std::vector<FaultInfo>& shared_faults();
-// A target's own faults followed by the shared ones (what each target's list is).
-std::vector<FaultInfo> with_shared_faults(std::vector<FaultInfo> faults);
 using FaultSet = std::set<std::string>;
 
 }  // namespace tessera

@@ -147,7 +147,6 @@ std::vector<int32_t> Tokenizer::encode_prompt(std::string_view text) const {
   // A templated prompt often starts with the BOS text already (Llama 3's template writes
   // <|begin_of_text|>); a second BOS would change what the model sees.
   if (impl_->adds_bos && bos && (ids.empty() || ids.front() != *bos)) ids.insert(ids.begin(), *bos);
-  if (double_bos_ && impl_->adds_bos && bos) ids.insert(ids.begin(), *bos);
   return ids;
 }
 

@@ -38,9 +38,6 @@ class Tokenizer {
   // Ids for generation from a plain or already-templated prompt, with the family's BOS rule:
   // one BOS at the start when the family uses one (never two), none otherwise.
   std::vector<int32_t> encode_prompt(std::string_view text) const;
-  // Porting pitfall 12 on purpose (`--inject double-bos`): encode_prompt puts a second BOS
-  // before the first, as a runtime that adds BOS to ids the tokenizer already started does.
-  void inject_double_bos() { double_bos_ = true; }
 
   // Text of the ids (byte-level decoded; invalid UTF-8 from partial sequences is kept as bytes).
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
@@ -63,7 +60,6 @@ class Tokenizer {
   struct Impl;
   explicit Tokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
-  bool double_bos_ = false;
 };
 
 }  // namespace tessera

@@ -13,7 +13,6 @@
 #include "io/layer_params.h"
 #include "model/tensors.h"
 #include "oracle/ops.h"
-#include "targets/cpu/faulty_kernels.h"
 #include "util/error.h"
 #include "util/half.h"
 #include "util/parallel.h"
@@ -119,7 +118,6 @@ TargetDef cpu_target_def() {
   d.make = [](const Model& model, const TargetOptions& t) -> std::unique_ptr<StagedRunner> {
     CpuOptions o;
     o.threads = t.threads;
-    o.faults = t.faults;
     o.oracle_stages = t.oracle_stages;
     o.profile = t.profile;
     if (!t.plan.is_null()) {
@@ -131,7 +129,10 @@ TargetDef cpu_target_def() {
     }
     return std::make_unique<CpuRunner>(model, std::move(o));
   };
-  d.faults = []() -> const std::vector<FaultInfo>& { return known_faults(); };
+  d.faults = []() -> const std::vector<FaultInfo>& {
+    static const std::vector<FaultInfo> none;
+    return none;
+  };
   d.options_from_plan = [](const nlohmann::json& plan, TargetOptions& o) {
     // A deployment runs with the threads it was gated with, unless asked otherwise, and
     // exactly the plan it froze.
@@ -150,7 +151,7 @@ TargetDef cpu_target_def() {
 }
 
 CpuRunner::CpuRunner(const Model& model, CpuOptions options)
-    : LayeredRunner(model, options.faults, options.oracle_stages, options.profile), options_(std::move(options)) {
+    : LayeredRunner(model, options.oracle_stages, options.profile), options_(std::move(options)) {
   pool_ = std::make_unique<cpu::ThreadPool>(options_.threads > 0 ? options_.threads : default_threads());
   weights_ = std::make_unique<Bf16WeightStore>(
       [this](int64_t n, const std::function<void(int64_t, int64_t)>& body) { pool_->parallel_for(n, body); });
@@ -234,54 +235,15 @@ void CpuRunner::kv_read(int64_t l, int64_t rel, int64_t T, float* k, float* v) {
   }
 }
 
-namespace {
-bool is_q_or_k(const std::string& weight) {
-  return weight.find("q_proj") != std::string::npos || weight.find("k_proj") != std::string::npos;
+void CpuRunner::kernel_linear(Stage, const float* x, int64_t T, const std::string& weight, const float* bias, float* y) {
+  cpu::matmul(x, T, matrix(weight), bias, y, *pool_, options_.blocking);
 }
-}  // namespace
-
-void CpuRunner::kernel_linear(Stage s, const float* x, int64_t T, const std::string& weight, const float* bias,
-                              float* y) {
-  // drop-qkv-bias: the projection runs as if the checkpoint had no bias; qkv-bias-after-rope
-  // leaves q's and k's for kernel_rope to add after rotating.
-  if (s == Stage::QkvProj && fault("drop-qkv-bias")) bias = nullptr;
-  if (s == Stage::QkvProj && fault("qkv-bias-after-rope") && is_q_or_k(weight)) bias = nullptr;
-  const Bf16Matrix& w = matrix(weight);
-  if (s == Stage::LmHead && fault("lm-head-untied")) {
-    // A head that was not tied to the embedding: a freshly initialised matrix instead.
-    cpu::faulty::matmul_random_weights(x, T, w.rows, w.cols, y, *pool_);
-    return;
-  }
-  if (fault("bf16-accumulate")) cpu::faulty::matmul_bf16_accumulate(x, T, w, bias, y, *pool_);
-  else cpu::matmul(x, T, w, bias, y, *pool_, options_.blocking);
-  if (s == Stage::QkvProj && fault("qk-rows-permuted") && is_q_or_k(weight)) {
-    // Each head's rows in the GGUF llama order (pairs interleaved) because the loader
-    // forgot to undo that permutation: output (half, i) lands at 2i + half.
-    const int64_t hd = spec().head_dim, N = w.rows;
-    std::vector<float> row(static_cast<size_t>(N));
-    for (int64_t t = 0; t < T; ++t) {
-      float* yt = y + t * N;
-      for (int64_t h = 0; h < N / hd; ++h)
-        for (int64_t half = 0; half < 2; ++half)
-          for (int64_t i = 0; i < hd / 2; ++i) row[size_t(h * hd + 2 * i + half)] = yt[h * hd + half * hd / 2 + i];
-      std::copy(row.begin(), row.end(), yt);
-    }
-  }
-}
-
-// Faults that live in kernel_linear: a fused call runs one kernel_linear per output instead.
-constexpr std::array<const char*, 5> kLinearFaults = {"bf16-accumulate", "drop-qkv-bias", "qkv-bias-after-rope",
-                                                      "qk-rows-permuted", "lm-head-untied"};
 
 void CpuRunner::kernel_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) {
   const bool fused = T == 1 ? options_.fused_decode : options_.fused_prefill;
-  if (!fused || outs.size() > 8 ||
-      std::any_of(kLinearFaults.begin(), kLinearFaults.end(), [&](const char* f) { return fault(f); }))
-    return LayeredRunner::kernel_linears(s, x, T, outs);  // these faults live in kernel_linear
+  if (!fused || outs.size() > 8) return LayeredRunner::kernel_linears(s, x, T, outs);
   std::array<cpu::MatmulOut, 8> mm;
   for (size_t i = 0; i < outs.size(); ++i) mm[i] = {&matrix(outs[i].weight), outs[i].bias, outs[i].y};
-  // fused-qkv-swap: the fused kernel's k and v outputs trade places.
-  if (s == Stage::QkvProj && outs.size() == 3 && fault("fused-qkv-swap")) std::swap(mm[1].y, mm[2].y);
   cpu::matmul_shared_input(x, T, std::span(mm.data(), outs.size()), *pool_, options_.blocking);
 }
 
@@ -315,81 +277,22 @@ PassFigure CpuRunner::measure(Pass pass) {
 
 void CpuRunner::kernel_rope(int64_t l, float* q, float* k, int64_t T, int64_t pos) {
   const ModelSpec& s = spec();
-  const LayerParams& L = layer(l);
-  const int64_t hd = s.head_dim;
-  const float eps = float(s.rms_eps);
-  const bool norm_after = s.qk_norm && fault("qk-norm-after-rope");
-  auto qk_norm = [&] {
-    if (fault("qk-norm-whole-projection")) {
-      // One RMS over each row's whole projection (the per-head weight tiled across it).
-      auto whole = [&](float* x, const std::vector<float>& w1, int64_t heads) {
-        std::vector<float> w(static_cast<size_t>(heads * hd));
-        for (int64_t h = 0; h < heads; ++h) std::copy(w1.begin(), w1.end(), w.begin() + h * hd);
-        cpu::rmsnorm(x, w.data(), x, T, heads * hd, eps);
-      };
-      whole(q, L.q_norm, s.n_heads);
-      whole(k, L.k_norm, s.n_kv_heads);
-      return;
-    }
-    cpu::rmsnorm(q, L.q_norm.data(), q, T * s.n_heads, hd, eps);
-    cpu::rmsnorm(k, L.k_norm.data(), k, T * s.n_kv_heads, hd, eps);
-  };
-  if (s.qk_norm && !norm_after) qk_norm();
-  // The decode step (one token) is where a prefill-only scaling bug shows; a missing
-  // scaling shows everywhere far enough out.
-  const float* freqs = inv_freq((fault("rope-scaling-prefill-only") && T == 1) || fault("rope-scaling-missing")).data();
-  if (fault("rope-interleaved")) {
-    cpu::faulty::rope_interleaved(q, T, s.n_heads, hd, pos, freqs);
-    cpu::faulty::rope_interleaved(k, T, s.n_kv_heads, hd, pos, freqs);
-  } else {
-    cpu::rope(q, T, s.n_heads, hd, pos, freqs);
-    cpu::rope(k, T, s.n_kv_heads, hd, pos, freqs);
+  if (s.qk_norm) {  // Qwen3: each head's q and k RMS-normalized before rotating
+    const LayerParams& L = layer(l);
+    cpu::rmsnorm(q, L.q_norm.data(), q, T * s.n_heads, s.head_dim, float(s.rms_eps));
+    cpu::rmsnorm(k, L.k_norm.data(), k, T * s.n_kv_heads, s.head_dim, float(s.rms_eps));
   }
-  if (norm_after) qk_norm();
-  if (fault("qkv-bias-after-rope") && !L.q_bias.empty()) {  // the bias kernel_linear left out, after rotating
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t i = 0; i < s.q_dim(); ++i) q[t * s.q_dim() + i] += L.q_bias[size_t(i)];
-      for (int64_t i = 0; i < s.kv_dim(); ++i) k[t * s.kv_dim() + i] += L.k_bias[size_t(i)];
-    }
-  }
+  cpu::rope(q, T, s.n_heads, s.head_dim, pos, inv_freq().data());
+  cpu::rope(k, T, s.n_kv_heads, s.head_dim, pos, inv_freq().data());
 }
 
 void CpuRunner::kv_store(int64_t l, int64_t rel, const float* k, const float* v, int64_t T) {
   cache_->write(l, rel, k, v, T);
 }
 
-void CpuRunner::kernel_kv_write(int64_t l, int64_t rel, const float* k, const float* v, int64_t T) {
-  if (fault("kv-layer-aliased")) l = 0;  // every layer's keys and values in layer 0's rows
-  if (fault("stale-kv") && T == 1 && rel > 0) {
-    // stale-kv: the decode step's row is filled from a buffer that was never updated (it
-    // still holds the previous step's keys and values).
-    const int64_t KV = spec().kv_dim();
-    if (int64_t(scratch_.size()) < 2 * KV) scratch_.resize(size_t(2 * KV));
-    float *sk = scratch_.data(), *sv = scratch_.data() + KV;
-    cache_->read_k(l, rel - 1, sk);
-    cache_->read_v(l, rel - 1, sv);
-    cache_->write(l, rel, sk, sv, 1);
-    return;
-  }
-  kv_store(l, rel, k, v, T);
-}
-
 void CpuRunner::kernel_attention(int64_t l, const float* q, int64_t T, int64_t rel, float* out) {
   const ModelSpec& s = spec();
-  if (fault("kv-layer-aliased")) l = 0;
-  const float scale = fault("attn-scale-hidden")    ? float(1.0 / std::sqrt(double(s.hidden) / double(s.n_heads)))
-                      : fault("attn-scale-no-sqrt") ? float(1.0 / double(s.head_dim))
-                                                    : float(s.attn_scale());
-  using M = cpu::faulty::AttentionMistakes;
-  M m;
-  m.kv_head = fault("gqa-modulo") ? M::KvHead::Modulo : fault("gqa-head0") ? M::KvHead::Zero : M::KvHead::Group;
-  m.mask_excludes_diagonal = fault("mask-off-by-one");
-  m.softmax_unshifted = fault("softmax-unshifted");
-  if (m.kv_head != M::KvHead::Group || m.mask_excludes_diagonal || m.softmax_unshifted) {
-    cpu::faulty::attention_with_mistakes(q, T, rel, *cache_, l, s.n_heads, s.n_kv_heads, s.head_dim, scale, out, m);
-    return;
-  }
-  cpu::attention(q, T, rel, *cache_, l, s.n_heads, s.n_kv_heads, s.head_dim, scale, out, *pool_);
+  cpu::attention(q, T, rel, *cache_, l, s.n_heads, s.n_kv_heads, s.head_dim, float(s.attn_scale()), out, *pool_);
 }
 
 }  // namespace tessera

@@ -1,7 +1,7 @@
 // The cpu target's model runner: the transformer wired from the cpu kernels, with BF16
 // weights (memory-mapped when the file already holds BF16 in Hugging Face layout,
 // converted once otherwise), a KV cache, the oracle's probe names, per-stage execution
-// counters, injectable faults, and per-stage substitution by the oracle's kernel (the
+// counters, and per-stage substitution by the oracle's kernel (the
 // experiment phase 2's bisect runs). The pipeline sees it as a StagedRunner, made by the
 // registry from cpu_target_def().
 #pragma once
@@ -32,13 +32,13 @@ struct CpuOptions {
   bool fused_prefill = true;       // the merge: shared-input linears as one kernel, per pass
   bool fused_decode = true;
   cpu::GemmBlocking blocking;      // the prefill GEMM's cache blocking (tile-tune)
-  FaultSet faults;                 // --inject
   std::set<Stage> oracle_stages;   // stages run by the oracle's kernel instead (bisect)
   bool profile = false;            // accumulate wall time per stage (stage_seconds)
 };
 
-// The cpu target as the registry knows it: CpuRunner, known_faults(), and the thread count
-// a frozen plan recorded, its plans and its skills; it has no devices to choose.
+// The cpu target as the registry knows it: CpuRunner, the thread count a frozen plan
+// recorded, its plans and its skills; it has no devices to choose and no faults of its own
+// (the porting faults are applied from outside, faults/).
 TargetDef cpu_target_def();
 
 class CpuRunner final : public LayeredRunner {
@@ -73,7 +73,7 @@ class CpuRunner final : public LayeredRunner {
   cpu::KvCache& cache() { return *cache_; }
 
  protected:
-  // The cpu kernels, with the injected faults of known_faults().
+  // The cpu kernels.
   void kernel_embedding(const int32_t* ids, int64_t T, float* out) override;
   void kernel_rmsnorm(Stage which, int64_t layer, const float* w, const float* x, int64_t T, float* out) override;
   void kernel_linear(Stage s, const float* x, int64_t T, const std::string& weight, const float* bias,
@@ -81,7 +81,6 @@ class CpuRunner final : public LayeredRunner {
   void kernel_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) override;
   void kernel_rope(int64_t layer, float* q, float* k, int64_t T, int64_t pos) override;
   void kv_store(int64_t layer, int64_t rel, const float* k, const float* v, int64_t T) override;
-  void kernel_kv_write(int64_t layer, int64_t rel, const float* k, const float* v, int64_t T) override;
   void kernel_attention(int64_t layer, const float* q, int64_t T, int64_t rel, float* out) override;
   void kernel_silu_mul(const float* gate, const float* up, int64_t T, float* out) override;
   void kernel_add(Stage which, float* acc, const float* x, int64_t T) override;
@@ -92,7 +91,6 @@ class CpuRunner final : public LayeredRunner {
   std::unique_ptr<cpu::ThreadPool> pool_;
   std::unique_ptr<cpu::KvCache> cache_;
   std::unique_ptr<Bf16WeightStore> weights_;  // mapped from the file, or converted once
-  std::vector<float> scratch_;
 };
 
 }  // namespace tessera

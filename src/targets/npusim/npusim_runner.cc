@@ -41,8 +41,7 @@ const std::vector<FaultInfo>& npusim_faults() {
       {"dma-channels", "qkv_proj", 1,
        "the projection's input is sent twice through column 0's shim tile: one more MM2S channel than the tile has"},
   };
-  static const std::vector<FaultInfo> all = with_shared_faults(faults);
-  return all;
+  return faults;
 }
 
 TargetDef npusim_target_def() {
@@ -83,7 +82,8 @@ npusim::NpuPlan plan_for(const TargetOptions& o) {
 }  // namespace
 
 NpuSimRunner::NpuSimRunner(const Model& model, const TargetOptions& options)
-    : LayeredRunner(model, options.faults, options.oracle_stages, options.profile),
+    : LayeredRunner(model, options.oracle_stages, options.profile),
+      faults_(options.faults),
       device_(npusim::load_device(device_name(options))),
       plan_(plan_for(options)),
       threads_(options.threads > 0 ? options.threads : default_threads()) {

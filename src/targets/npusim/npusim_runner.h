@@ -78,10 +78,12 @@ class NpuSimRunner final : public LayeredRunner {
   int64_t prefill_tokens() const { return std::min<int64_t>(2048, spec().max_position); }
   int64_t decode_context() const { return std::min<int64_t>(512, spec().max_position - 1); }
   void on_host(Stage s) { host_calls_[s]++; }
+  bool fault(const char* name) const { return faults_.count(name) > 0; }  // its own mapping faults
   uint16_t* kv_layer(int64_t layer, int64_t rows_needed);
   void host_attention(int64_t layer, const float* q, int64_t T, int64_t rel, float* out);
   void split_attention(int64_t layer, const float* q, int64_t T, int64_t rel, float* out);
 
+  FaultSet faults_;  // npusim_faults() only: the porting faults are applied from outside
   npusim::Device device_;
   npusim::NpuPlan plan_;
   int threads_ = 1;

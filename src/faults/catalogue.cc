@@ -1,16 +1,22 @@
-#include <fmt/format.h>
+#include "faults/catalogue.h"
 
-#include "targets/target.h"
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "targets/registry.h"
 #include "util/error.h"
 
 namespace tessera {
 
-// The cpu target's faults (its TargetDef lists them; other targets declare their own).
 // Each fault names the stage it corrupts (what phase 2's bisect must name) and the first
 // phase whose gate must catch it. Faults that live in one kernel are phase 1's to catch;
 // a fault that is right on the first call and wrong after (stale-kv) needs phase 2's
 // prefill-then-decode run.
-const std::vector<FaultInfo>& known_faults() {
+const std::vector<FaultInfo>& porting_faults() {
   static const std::vector<FaultInfo> faults = {
       {"rope-interleaved", "rope", 1,
        "RoPE pairs (x[2i], x[2i+1]) (GPT-J style) instead of Hugging Face's half-split (x[i], x[i+d/2])"},
@@ -25,8 +31,8 @@ const std::vector<FaultInfo>& known_faults() {
        "decode steps write a stale row (the previous step's keys and values) into the KV cache: right on the first call, wrong after"},
       {"bf16-accumulate", "gemm", 1, "GEMM/GEMV accumulate in bf16 instead of fp32"},
       {"fused-qkv-swap", "qkv_proj", 1,
-       "the fused q|k|v kernel writes the keys into v and the values into k (plans that fuse the projections; from "
-       "cpu-naive, phase 4's gate (the op table on the rewritten plan) catches the merge rewrite and reverts it)"},
+       "the fused q|k|v kernel writes the keys into v and the values into k (plans that fuse the projections: the cpu's; "
+       "from cpu-naive, phase 4's gate (the op table on the rewritten plan) catches the merge rewrite and reverts it)"},
       // One more per porting-pitfalls.md row (the debug skills must name each).
       {"qk-rows-permuted", "qkv_proj", 1,
        "q and k come out with each head's rows in the GGUF llama order (pairs interleaved): a loader that forgot to "
@@ -47,25 +53,14 @@ const std::vector<FaultInfo>& known_faults() {
       {"kv-layer-aliased", "kv_write", 5,
        "every layer's keys and values stored in (and read from) layer 0's cache rows: prefill reads back what it "
        "just wrote, decode reads another layer's keys"},
-  };
-  static const std::vector<FaultInfo> all = with_shared_faults(faults);
-  return all;
-}
-
-std::vector<FaultInfo> with_shared_faults(std::vector<FaultInfo> faults) {
-  const std::vector<FaultInfo>& e = shared_faults();
-  faults.insert(faults.end(), e.begin(), e.end());
-  return faults;
-}
-
-const std::vector<FaultInfo>& shared_faults() {
-  static const std::vector<FaultInfo> faults = {
+      // Above the kernels: the prompt path and the stop set (the runtime's).
       {"double-bos", "prompt", 0,
        "prompts get a second BOS before the first (a runtime adding BOS to ids the tokenizer already started "
        "with): every phase runs on ids the model was never trained on"},
       {"eos-first-only", "generate", 6,
        "generation stops only on the tokenizer's eos_token, not on every end-of-sequence id the checkpoint declares "
        "(instruct models stop on several): it never stops after an end-of-turn token"},
+      // Only the evaluator (phase 7, `tessera audit`) can catch these.
       {"oracle-fallback", "silu_mul", 7,
        "SiLU x mul silently computed by the oracle's kernel instead of the target's: every gate passes, only the "
        "per-op counters show it"},
@@ -76,12 +71,31 @@ const std::vector<FaultInfo>& shared_faults() {
   return faults;
 }
 
-const FaultInfo& fault_info(const std::string& name) {
-  for (const FaultInfo& f : known_faults())
+const std::vector<FaultInfo>& target_faults(const std::string& target) {
+  static std::mutex mu;
+  static std::map<std::string, std::vector<FaultInfo>> lists;
+  const std::lock_guard<std::mutex> lock(mu);
+  auto it = lists.find(target);
+  if (it == lists.end()) {
+    std::vector<FaultInfo> all = target_def(target).faults();  // throws naming the targets
+    all.insert(all.end(), porting_faults().begin(), porting_faults().end());
+    it = lists.emplace(target, std::move(all)).first;
+  }
+  return it->second;
+}
+
+const FaultInfo& target_fault_info(const std::string& target, const std::string& name) {
+  const std::vector<FaultInfo>& faults = target_faults(target);
+  for (const FaultInfo& f : faults)
     if (f.name == name) return f;
-  std::string names;
-  for (const FaultInfo& f : known_faults()) names += (names.empty() ? "" : ", ") + f.name;
-  fail("unknown fault '{}'; known faults: {}", name, names);
+  std::vector<std::string> names;
+  for (const FaultInfo& f : faults) names.push_back(f.name);
+  fail("unknown fault '{}' for target {}; known faults: {}", name, target, fmt::join(names, ", "));
+}
+
+bool is_targets_own_fault(const std::string& target, const std::string& name) {
+  const std::vector<FaultInfo>& own = target_def(target).faults();
+  return std::any_of(own.begin(), own.end(), [&](const FaultInfo& f) { return f.name == name; });
 }
 
 }  // namespace tessera
