@@ -1,7 +1,9 @@
 // What the gates can see, measured with perturbations applied from outside the target
-// (pipeline/perturb.h), never with tessera's own faults: a 0.5% gain on any single kernel
-// and one wrong element per output row each fail phase 1 on both targets, naming the
-// stage; a perturbation of the fused kernel alone is caught on the frozen plan by phase 6
+// (pipeline/perturb.h), never with tessera's own faults: a 0.5% gain on any single kernel,
+// one wrong element per output row, one zeroed column, one swapped pair of columns, a 0.1%
+// blend of the previous call's output (a stale buffer: phase 1 runs every case on decoy
+// inputs first) and a 10% blend of the previous position's row (adjacent positions of an
+// O projection differ little) each fail phase 1 on both targets, naming the stage; a perturbation of the fused kernel alone is caught on the frozen plan by phase 6
 // and by the audit; the perturbation layer itself does what its spec says.
 #include <gtest/gtest.h>
 
@@ -39,10 +41,10 @@ std::vector<Case> cases() {
   int i = 0;
   for (const char* target : {"cpu", "npusim"})
     for (const std::string& stage : stages())
-      for (const char* kind : {"gain:0.005", "element:1"}) {
+      for (const char* kind : {"gain:0.005", "element:1", "tail:1e-9", "permute:1e-9", "stale:0.001", "shift:0.1"}) {
         ++i;
 #ifdef TESSERA_SANITIZED
-        if (i % 5 != 0) continue;  // a sample under sanitizers; the Release run keeps every case
+        if (i % 10 != 0) continue;  // a sample under sanitizers; the Release run keeps every case
 #endif
         out.push_back({target, stage, kind});
       }

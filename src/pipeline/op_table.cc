@@ -27,6 +27,15 @@ const std::vector<float>& OpInputs::at(const std::string& name) const {
   return it->second;
 }
 
+OpInputs OpInputs::decoy() const {
+  OpInputs d = *this;
+  if (T < 2) return d;  // one row: nothing to rotate (a decode-only input set)
+  std::rotate(d.ids.begin(), d.ids.begin() + 1, d.ids.end());
+  for (auto& [name, v] : d.probe)
+    if (v.size() % size_t(T) == 0) std::rotate(v.begin(), v.begin() + long(v.size() / size_t(T)), v.end());
+  return d;
+}
+
 OpInputs op_inputs(const Model& model, OracleRunner& oracle, std::vector<int32_t> ids, int host_threads) {
   OpInputs in;
   in.model = &model;
@@ -52,6 +61,9 @@ std::vector<float> f32_or_empty(const Model& m, const std::string& name) {
 }
 
 std::vector<int64_t> all_columns(int64_t n) { return em::sample_columns(n, n); }
+
+// Positions the every-position LM head row runs (its cost is rows x vocab x hidden).
+constexpr int64_t kLmHeadRows = 8;
 
 // Every value of an output (elementwise ops are emulated in full).
 std::vector<std::vector<float>> whole(std::vector<std::vector<int64_t>>& cols, const std::vector<OpOutput>& outs,
@@ -200,12 +212,17 @@ std::vector<OpCase> projection_cases(const OpInputs& in) {
     out.push_back(linear_case(in, Stage::DownProj, "act",
                               {{"down_proj", t("mlp.down_proj.weight"), b(s.mlp_bias, "mlp.down_proj.bias")}}, rows));
   }
-  // The LM head at the decode shape (prefill needs only the last row too), on the final norm
-  // of layer 0's last row.
+  // The LM head on the final norm of layer 0's last rows: at the decode shape (generation's
+  // prefill needs only the last row too), and over several positions as a forward pass that
+  // returns every position's logits (its default; a perplexity run) takes it: a GEMM.
   const std::vector<float> w = in.model->get("model.norm.weight").to_f32();
-  std::vector<float> x(size_t(s.hidden));
-  oracle::rmsnorm(in.at("out").data() + (in.T - 1) * s.hidden, w.data(), x.data(), 1, s.hidden, s.rms_eps);
-  out.push_back(linear_case(in, Stage::LmHead, "", {{"lm_head", in.model->lm_head().name, ""}}, 1, std::move(x)));
+  std::vector<int64_t> head_rows = {1};
+  if (in.T > 1) head_rows.push_back(std::min<int64_t>(in.T, kLmHeadRows));
+  for (const int64_t rows : head_rows) {
+    std::vector<float> x(size_t(rows * s.hidden));
+    oracle::rmsnorm(in.at("out").data() + (in.T - rows) * s.hidden, w.data(), x.data(), rows, s.hidden, s.rms_eps);
+    out.push_back(linear_case(in, Stage::LmHead, "", {{"lm_head", in.model->lm_head().name, ""}}, rows, std::move(x)));
+  }
   return out;
 }
 
@@ -409,7 +426,9 @@ std::vector<KernelNeed> projection_needs(const ModelSpec& s) {
           {"gemm", "gate_proj", gemm(s.hidden, s.intermediate, s.mlp_bias)},
           {"gemm", "up_proj", gemm(s.hidden, s.intermediate, s.mlp_bias)},
           {"gemm", "down_proj", gemm(s.intermediate, s.hidden, s.mlp_bias)},
-          {"gemv", "lm_head", fmt::format("[1,{}] x [{},{}]^T{}", s.hidden, s.vocab, s.hidden, s.tie_embeddings ? " (tied)" : "")}};
+          {"gemv", "lm_head", fmt::format("[1,{}] x [{},{}]^T{}", s.hidden, s.vocab, s.hidden, s.tie_embeddings ? " (tied)" : "")},
+          {"gemm", "lm_head (every position)",
+           fmt::format("[{},{}] x [{},{}]^T{}", kLmHeadRows, s.hidden, s.vocab, s.hidden, s.tie_embeddings ? " (tied)" : "")}};
 }
 std::vector<KernelNeed> rope_needs(const ModelSpec& s) {
   const std::string k = std::string(s.qk_norm ? "qk_norm+" : "") +
@@ -494,14 +513,18 @@ GateResult op_gate(const std::string& gate, const std::string& subject, const st
 }
 
 nlohmann::json OpResult::to_json() const {
-  nlohmann::json limits = nlohmann::json::object();
-  for (const gates::Check& c : gate.checks) limits[c.metric] = gates::json_number(c.limit);
+  nlohmann::json limits = nlohmann::json::object(), values = nlohmann::json::object();
+  for (const gates::Check& c : gate.checks) {
+    limits[c.metric] = gates::json_number(c.limit);
+    values[c.metric] = gates::json_number(c.value);
+  }
   nlohmann::json j = {{"kernel", kernel},     {"role", role},
                       {"shape", shape},       {"op", op},
                       {"stage", stage_name(stage)}, {"tokens", tokens},
                       {"fused", fused},       {"numerics", numerics},
                       {"expected", expected.to_json()}, {"metrics", measured.to_json()},
-                      {"limits", limits},     {"margin", gates::threshold("phase1.margin")},
+                      {"limits", limits},     {"values", values},
+                      {"margin", gates::threshold("phase1.margin")},
                       {"pass", gate.pass()}};
   if (seconds > 0) j["seconds"] = seconds;
   return j;
@@ -509,13 +532,17 @@ nlohmann::json OpResult::to_json() const {
 
 std::vector<OpResult> run_op_table(StagedRunner& target, const OpInputs& in, const OpHarnessOptions& opt) {
   std::vector<OpResult> results;
+  const OpInputs decoy_in = in.decoy();
   for (const OpRow& row : op_table()) {
     // A row none of whose stages is asked for is skipped before its references are computed.
     if (!opt.only_stages.empty() && std::none_of(row.stages.begin(), row.stages.end(),
                                                  [&](Stage s) { return opt.only_stages.count(s) > 0; }))
       continue;
     if (opt.progress) opt.progress(fmt::format("{}: {}", row.op, row.what));
-    for (OpCase& c : row.cases(in)) {
+    std::vector<OpCase> cases = row.cases(in), decoys = row.cases(decoy_in);
+    if (decoys.size() != cases.size()) fail("internal: op table row '{}' makes other cases on its decoy inputs", row.op);
+    for (size_t ci = 0; ci < cases.size(); ++ci) {
+      const OpCase& c = cases[ci];
       if (!opt.only_stages.empty() && !opt.only_stages.count(c.stage)) continue;
       oracle::Numerics num = target.numerics(c.stage, c.tokens);
       if (opt.numerics_variant) num = opt.numerics_variant(num);
@@ -523,6 +550,7 @@ std::vector<OpResult> run_op_table(StagedRunner& target, const OpInputs& in, con
       std::vector<float*> ptrs;
       for (const OpOutput& o : c.outputs) bufs.emplace_back(o.rows * o.cols);
       for (GuardedBuffer& b : bufs) ptrs.push_back(b.data());
+      decoys[ci].run(target, ptrs);  // ungated: leaves other values in the buffers and in the target
       c.run(target, ptrs);
       double seconds = 0;
       if (opt.perf_repeats > 0) {

@@ -4,6 +4,9 @@
 // harness runs every row: phase 1, phase 6's re-check of the frozen plan, the audit, and
 // `tessera kernels` (test and perf modes) all go through it.
 //
+// Every case runs twice: first on decoy inputs (OpInputs::decoy, ungated), then on the real
+// ones, gated: a kernel's state left over from a previous call cannot pass for its output.
+//
 // Tolerance model: the target declares its numerics (oracle/numerics.h); the row's twin
 // runs once exact and once under those numerics (oracle/emulate.h); the emulation's error
 // against the exact twin is the expected error, and each limit is a stated margin above it
@@ -34,6 +37,10 @@ struct OpInputs {
   std::map<std::string, std::vector<float>> probe;  // "embed", "attn_norm", "q", ... of layer 0
   int host_threads = 0;
   const std::vector<float>& at(const std::string& name) const;
+  // The same shapes with other values (every input's rows rotated by one position): what
+  // each case runs on first, ungated, so that a kernel handing back its previous call's
+  // buffer (a stale buffer, a resident fifo never refreshed) shows those values, not these.
+  OpInputs decoy() const;
 };
 // The oracle's layer 0 on `ids` (the harness's inputs).
 OpInputs op_inputs(const Model& model, OracleRunner& oracle, std::vector<int32_t> ids, int host_threads);

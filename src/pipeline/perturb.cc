@@ -112,7 +112,7 @@ class PerturbationTap final : public OutputTap {
       const int64_t from = C - int64_t(std::ceil(s * double(C)));
       for (int64_t row = 0; row < o.rows; ++row) std::fill(x + row * C + std::max<int64_t>(from, 0), x + (row + 1) * C, 0.0f);
     } else if (p.kind == "permute") {
-      const int64_t upto = int64_t(s * double(C)) / 2 * 2;
+      const int64_t upto = std::max<int64_t>(2, int64_t(s * double(C)) / 2 * 2);  // at least one pair
       for (int64_t row = 0; row < o.rows; ++row)
         for (int64_t c = 0; c + 1 < upto; c += 2) std::swap(x[row * C + c], x[row * C + c + 1]);
     } else if (p.kind == "stale") {

@@ -7,8 +7,9 @@
 //   offset   every value + SIZE x the output's RMS
 //   noise    every value + SIZE x the output's RMS x a fixed pseudo-random N(0, 1)
 //   element  one element per row (its index moves with the row) + SIZE x the output's RMS
-//   tail     the last SIZE fraction of each row's columns set to 0 (a short loop bound)
-//   permute  the first SIZE fraction of each row's columns swapped in adjacent pairs (a layout slip)
+//   tail     the last SIZE fraction of each row's columns (at least one) set to 0 (a short loop bound)
+//   permute  the first SIZE fraction of each row's columns (at least one pair) swapped in adjacent
+//            pairs (a layout slip)
 //   stale    (1 - SIZE) x this call's output + SIZE x the previous same-shaped call's (a buffer not refreshed)
 //   shift    (1 - SIZE) x row t + SIZE x row t-1 within the call (positions off by one)
 // Scopes (any number): decode (steps of one token only), prefill (steps of more), layer=N,
