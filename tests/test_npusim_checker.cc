@@ -1,7 +1,7 @@
 // npusim checker: it refuses mappings that do not fit, with the numbers, and accepts those that do.
 #include <gtest/gtest.h>
 
-#include "targets/npusim/calibration.h"
+#include "targets/npusim/mappings.h"
 #include "targets/npusim/checker.h"
 #include "targets/npusim/examples_internal.h"
 #include "targets/npusim/mappings_gemm.h"
@@ -153,7 +153,7 @@ TEST(NpusimChecker, AcceptsTheCalibrationMappings) {
                           gemm_launch({2048, 8192, 2048}, {64, 32, 64, 256}, {8, 4, true}, d),
                           gemm_launch({2048, 2048, 512}, {64, 32, 128, 64}, {8, 4, false}, d),
                           gemm_launch({256, 512, 256}, {32, 32, 32, 0}, {4, 2, true}, d, {.b_nk = true}),
-                          flash_attention_shape(d), example_add_launch(2048 * 2048, 8, 1024, d),
+                          attention_launch({2048, 0, 32, 8, 64}, {}, d), example_add_launch(2048 * 2048, 8, 1024, d),
                           example_gemv_launch(2048, 2048, 8, 4, d)})
     EXPECT_TRUE(check(l, d).empty()) << l.name << ":\n" << describe(check(l, d));
   // Tiles too large for L1: n = 256 needs 2 x 32 KiB of B alone plus C.

@@ -29,7 +29,8 @@ TEST(NpusimDevice, Xdna2ProfileLoadsWithTheReferenceFigures) {
   EXPECT_EQ(d.macs_per_cycle_for("bf16"), 256);
   EXPECT_EQ(d.vector_lanes_bf16, 32);
   EXPECT_EQ(d.gemv_max_k, 8160);
-  EXPECT_DOUBLE_EQ(d.dispatch_us, 50);
+  EXPECT_GE(d.dispatch_us, 43);  // fitted on the measured 43-52 us
+  EXPECT_LE(d.dispatch_us, 52);
   EXPECT_EQ(d.kind({0, 0}), TileKind::Shim);
   EXPECT_EQ(d.kind({3, 1}), TileKind::Mem);
   EXPECT_EQ(d.kind({7, 5}), TileKind::Compute);

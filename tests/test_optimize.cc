@@ -112,14 +112,17 @@ TEST(Optimize, NpusimFromNaiveReachesAFasterPlan) {
   const fs::path dep = out.path() / "dep";
   const auto p4 = steps(dep, 4), p5 = steps(dep, 5);
   const std::string traj = slurp(dep / "perf_opt_traj.md");
-  EXPECT_TRUE(has_step(p4, "promote", "kept")) << "prefill attention leaves the host\n" << traj;
+  // promote is tried first; whether moving a host op onto the array pays is the model's call.
+  EXPECT_TRUE(has_step(p4, "promote", "kept") || has_step(p4, "promote", "reverted: not faster")) << traj;
   EXPECT_TRUE(has_step(p4, "merge", "kept"));
   EXPECT_TRUE(has_step(p4, "zero-copy", "kept"));
   EXPECT_TRUE(has_step(p5, "merge", "kept"));
   EXPECT_TRUE(has_step(p5, "zero-copy", "skipped")) << "phase 4 mapped the buffers already";
   // The prediction comes first on npusim: a rewrite it does not make faster skips the gate.
   for (const auto& st : read_json_file(dep / "phase4.json")["details"]["steps"])
-    if (st.value("result", "") == "reverted: not faster") EXPECT_EQ(st.value("gate", ""), "not run") << st.dump();
+    if (st.value("result", "") == "reverted: not faster") {
+      EXPECT_EQ(st.value("gate", ""), "not run") << st.dump();
+    }
   const nlohmann::json d4 = read_json_file(dep / "phase4.json")["details"], d5 = read_json_file(dep / "phase5.json")["details"];
   EXPECT_LT(d4["final_s"].get<double>(), d4["start_s"].get<double>());
   EXPECT_LT(d5["final_s"].get<double>(), d5["start_s"].get<double>());
@@ -148,8 +151,9 @@ TEST(Optimize, NpusimMergeThatBreaksTheNumbersIsReverted) {
   // The debug skills ran on the reverted rewrite and name the fault, alone.
   for (const int id : {4, 5})
     for (const auto& [skill, result] : steps(dep, id))
-      if (result.starts_with("reverted: the gate failed"))
+      if (result.starts_with("reverted: the gate failed")) {
         EXPECT_TRUE(result.ends_with("(named cause: merged-stale-intermediate)")) << skill << ": " << result;
+      }
   EXPECT_NE(slurp(dep / "issues.md").find("Named cause(s): merged-stale-intermediate"), std::string::npos);
   const npusim::NpuPlan np = npusim::plan_from_json(read_json_file(dep / "plan.json")["npusim"]["plan"]);
   EXPECT_FALSE(np.shares_dispatch(Stage::OProj, Stage::AttnResidual, false));

@@ -133,7 +133,7 @@ void add_deploy_command(CLI::App& app) {
                   "KIND one of gain, offset, noise, element, tail, permute, stale, shift; SCOPE decode, prefill, fused, "
                   "layer=N, out=NAME (e.g. rmsnorm's 0.5% gain: attn_norm:gain:0.005)");
   cmd->add_option("--threads", a->threads, "Worker threads (default: all cores)");
-  cmd->add_option("--reference", a->reference, "Directory of golden transformers fixtures for phase 0 (default: the source tree's)");
+  cmd->add_option("--reference", a->reference, "Phase 0's independent reference: a directory made by tools/reference/make_reference.py, or a directory of them (default: each directory in $TESSERA_REFERENCES, then $XDG_CACHE_HOME/tessera/references or ~/.cache/tessera/references; none for this checkpoint: phase 0 is unverified)");
   cmd->add_flag("--quiet", a->quiet, "No progress lines on stderr");
   cmd->callback([a] {
     const int rc = run_deploy(*a);

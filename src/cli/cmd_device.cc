@@ -49,29 +49,35 @@ void run_show(const DeviceArgs& a) {
 
 void run_calibrate(const DeviceArgs& a) {
   const npusim::Device d = npusim::load_device(a.name);
-  const auto pts = npusim::calibrate(d);
+  const npusim::Calibration c = npusim::calibrate(d);
   if (a.markdown) {
-    fmt::print("{}", npusim::calibration_markdown(d, pts));
+    fmt::print("{}", npusim::calibration_markdown(d, c));
     return;
   }
+  auto set = [](const npusim::CalibrationPoint& p) { return p.upper_mark ? "upper mark" : p.held_out ? "held out" : "fit"; };
   if (a.json) {
-    nlohmann::json j = nlohmann::json::array();
-    for (const auto& p : pts)
-      j.push_back({{"point", p.name},
-                   {"unit", p.unit},
-                   {"measured", p.measured},
-                   {"measured_text", p.measured_text},
-                   {"predicted", p.predicted},
-                   {"error", p.error()},
-                   {"bound_by", p.bound_by},
-                   {"shape", p.shape}});
+    nlohmann::json j = {{"device", d.name}, {"parameters", nlohmann::json::array()}, {"points", nlohmann::json::array()}};
+    for (const auto& p : c.parameters)
+      j["parameters"].push_back({{"key", p.key}, {"profile", p.profile}, {"fitted", p.fitted}});
+    for (const auto& p : c.points)
+      j["points"].push_back({{"point", p.name},           {"set", set(p)},
+                             {"unit", p.unit},            {"measured", p.measured_text()},
+                             {"predicted", p.predicted},  {"error", p.error()},
+                             {"leave_one_out", p.loo_predicted}, {"leave_one_out_error", p.loo_error()},
+                             {"bound_by", p.bound_by},    {"priced_on", p.modelled},
+                             {"source", p.source}});
     fmt::print("{}\n", j.dump(2));
     return;
   }
-  fmt::print("{:<48} {:>5} {:>9} {:>10} {:>8}  {}\n", "point", "unit", "measured", "predicted", "error", "bound by");
-  for (const auto& p : pts)
-    fmt::print("{:<48} {:>5} {:>9} {:>10.1f} {:>+7.1f}%  {}\n", p.name, p.unit, p.measured_text, p.predicted,
-               p.error() * 100, p.bound_by);
+  fmt::print("{} free parameters fitted on {} points (profile -> fitted):\n", c.parameters.size(), c.fit_points());
+  for (const auto& p : c.parameters) fmt::print("  {:<28} {:>10.4g} -> {:<10.4g}\n", p.key, p.profile, p.fitted);
+  fmt::print("\n{:<52} {:<10} {:>7} {:>9} {:>9} {:>8} {:>14}  {}\n", "point", "set", "unit", "measured", "predicted",
+             "error", "leave-one-out", "bound by");
+  for (const auto& p : c.points)
+    fmt::print("{:<52} {:<10} {:>7} {:>9} {:>9.3g} {:>+7.1f}% {:>14}  {}\n", p.name, set(p), p.unit, p.measured_text(),
+               p.predicted, p.error() * 100, p.upper_mark ? "-" : fmt::format("{:+.1f}%", p.loo_error() * 100), p.bound_by);
+  fmt::print("\nlargest error: fit {:.1f}%, held out {:.1f}%, leave-one-out {:.1f}% (sources: --markdown)\n",
+             c.max_error(false) * 100, c.max_error(true) * 100, c.max_loo_error() * 100);
 }
 
 }  // namespace
@@ -90,7 +96,9 @@ void add_device_command(CLI::App& app) {
 
   auto cal_args = std::make_shared<DeviceArgs>();
   CLI::App* cal = cmd->add_subcommand(
-      "calibrate", "Print the timing model's predictions against the kernel-level measurements it is calibrated on");
+      "calibrate",
+      "Fit the timing model's free parameters on part of the kernel-level measurements and print fit, held-out and "
+      "leave-one-out errors with their sources");
   cal->add_option("device", cal_args->name, "Built-in profile name or path to a .json profile (default: xdna2)");
   cal->add_flag("--json", cal_args->json, "Print JSON");
   cal->add_flag("--markdown", cal_args->markdown, "Print the Markdown report (bench/npusim_calibration.md)");

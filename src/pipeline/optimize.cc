@@ -41,7 +41,9 @@ struct Gated {
 Gated model_gate(PhaseContext& ctx, StagedRunner& runner, Pass pass) {
   Gated g;
   const std::string kernel_gate = pass == Pass::Prefill ? "phase4.kernel" : "phase5.kernel";
-  for (const OpResult& r : run_op_table(runner, ctx.op_inputs(), {.gate = kernel_gate})) {
+  OpHarnessOptions opt;
+  opt.gate = kernel_gate;
+  for (const OpResult& r : run_op_table(runner, ctx.op_inputs(), opt)) {
     if (!r.gate.pass() && g.first_failure.empty()) g.first_failure = r.gate.subject;
     g.pass = g.pass && r.gate.pass();
     g.rows.push_back(r.gate);

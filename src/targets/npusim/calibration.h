@@ -1,11 +1,16 @@
-// npusim calibration: the timing model against the kernel-level measurements of
-// ../shared/reference/xdna2.md (never end-to-end timings). Each point is a launch shape
-// (the GEMM mapping generator for the GEMMs, the example element-wise and GEMV mappings,
-// and a flash-attention launch shape modelled directly here: FLOPs, bytes and tiles only,
-// until the attention mapping exists) priced by time_launch and compared with the
-// measurement. `tessera device calibrate` prints this; bench/npusim_calibration.md is its output.
+// npusim calibration: the timing model's free parameters fitted on part of the kernel-level
+// measurements of ../shared/reference/xdna2.md (never end-to-end timings), and checked on the
+// rest. Each point is priced on the mapping it names (tessera's own mapping generators: the
+// GEMM generator with the measured tiles, the deployed attention, GEMV and element-wise
+// mappings); the fit minimises the squared log error over the fit points by coordinate
+// descent; the held-out points are predicted with those parameters, and every point is
+// predicted once more with parameters fitted on all the others (leave-one-out). A figure
+// measured as a range is fitted at its geometric middle and is exact anywhere inside it.
+// `tessera device calibrate` prints this; bench/npusim_calibration.md is its output.
 #pragma once
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "targets/npusim/device.h"
@@ -15,22 +20,51 @@ namespace tessera::npusim {
 
 struct CalibrationPoint {
   std::string name;
-  std::string shape;     // how the point is modelled
-  std::string unit;      // "us" or "GB/s"
-  double measured = 0;   // from xdna2.md (for a range: its midpoint)
-  std::string measured_text;  // "2822", "26-40"
-  double predicted = 0;
+  std::string source;    // where the measurement comes from (as xdna2.md cites it)
+  std::string modelled;  // the mapping it is priced on and what the unit counts
+  std::string unit;      // "us", "GB/s", "TFLOP/s"
+  double low = 0, high = 0;  // the measurement (low == high) or its range
+  bool held_out = false;     // predicted, never fitted
+  // An upper mark (the figure of another, unstated mapping): only a prediction above it is
+  // an error.
+  bool upper_mark = false;
+  // The model's figure in `unit` for a device, and what bounds it ("compute", "dma", ...).
+  std::function<std::pair<double, std::string>(const Device&)> model;
+
+  double predicted = 0;      // with the parameters fitted on the fit points
+  double loo_predicted = 0;  // with the parameters fitted on every other point
   std::string bound_by;
-  double error() const { return predicted / measured - 1; }
+  std::string measured_text() const;  // "2822", "26-40", "<= 9.8"
+  // Relative error of a prediction: 0 inside the measured range (or under an upper mark),
+  // else against the nearer end.
+  double error_of(double value) const;
+  double error() const { return error_of(predicted); }
+  double loo_error() const { return error_of(loo_predicted); }
 };
 
-// Every calibration point on `device` (its fitted parameters are the device's).
-std::vector<CalibrationPoint> calibrate(const Device& device);
-// The flash-attention launch shape used for the calibration point (timing only: no kernel).
-Launch flash_attention_shape(const Device& device, int64_t tokens = 2048, int64_t q_heads = 32, int64_t kv_heads = 8,
-                             int64_t head_dim = 64, int64_t lqp = 256, int64_t lkp = 64);
-// Markdown report: parameters, table, verdict against `tolerance` (0.25 = +-25%).
-std::string calibration_markdown(const Device& device, const std::vector<CalibrationPoint>& points,
-                                 double tolerance = 0.25);
+struct CalibrationParameter {
+  std::string key;     // the profile figure it sets ("timing.efficiency.gemm")
+  double profile = 0;  // the profile's value
+  double fitted = 0;   // fitted on the fit points
+  double lo = 0, hi = 0;  // the search range
+};
+
+struct Calibration {
+  std::vector<CalibrationParameter> parameters;
+  std::vector<CalibrationPoint> points;
+  // Measurements of xdna2.md that are not points, each with why.
+  std::vector<std::string> not_points;
+  int fit_points() const;
+  double max_error(bool held_out) const;  // over the fit or the held-out points
+  double max_loo_error() const;
+};
+
+// Fits `device`'s free timing parameters on the fit points and predicts every point.
+Calibration calibrate(const Device& device);
+// `device` with one of the free parameters set (keys as CalibrationParameter::key).
+Device with_parameter(Device device, const std::string& key, double value);
+// Markdown report: parameters (profile vs fitted), every point with its fit, held-out and
+// leave-one-out error and its source, and the verdict against `tolerance` (0.25 = +-25%).
+std::string calibration_markdown(const Device& device, const Calibration& calibration, double tolerance = 0.25);
 
 }  // namespace tessera::npusim
