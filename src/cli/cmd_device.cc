@@ -71,10 +71,10 @@ void run_calibrate(const DeviceArgs& a) {
   }
   fmt::print("{} free parameters fitted on {} points (profile -> fitted):\n", c.parameters.size(), c.fit_points());
   for (const auto& p : c.parameters) fmt::print("  {:<28} {:>10.4g} -> {:<10.4g}\n", p.key, p.profile, p.fitted);
-  fmt::print("\n{:<52} {:<10} {:>7} {:>9} {:>9} {:>8} {:>14}  {}\n", "point", "set", "unit", "measured", "predicted",
+  fmt::print("\n{:<56} {:<10} {:>7} {:>9} {:>9} {:>8} {:>14}  {}\n", "point", "set", "unit", "measured", "predicted",
              "error", "leave-one-out", "bound by");
   for (const auto& p : c.points)
-    fmt::print("{:<52} {:<10} {:>7} {:>9} {:>9.3g} {:>+7.1f}% {:>14}  {}\n", p.name, set(p), p.unit, p.measured_text(),
+    fmt::print("{:<56} {:<10} {:>7} {:>9} {:>9.3g} {:>+7.1f}% {:>14}  {}\n", p.name, set(p), p.unit, p.measured_text(),
                p.predicted, p.error() * 100, p.upper_mark ? "-" : fmt::format("{:+.1f}%", p.loo_error() * 100), p.bound_by);
   fmt::print("\nlargest error: fit {:.1f}%, held out {:.1f}%, leave-one-out {:.1f}% (sources: --markdown)\n",
              c.max_error(false) * 100, c.max_error(true) * 100, c.max_loo_error() * 100);
