@@ -151,12 +151,12 @@ void LayeredRunner::op_linear(Stage s, const float* x, int64_t T, const std::str
 }
 
 void LayeredRunner::op_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) {
-  if (!by_oracle(s) && interceptor_)
+  if (by_oracle(s))
+    for (const LinearOut& o : outs) oracle::linear(x, T, model_.get(o.weight), o.bias, o.y, oracle_threads());
+  else if (interceptor_)
     interceptor_->linears(*this, s, x, T, outs,
                           [&](const float* xx, std::span<const LinearOut> o) { kernel_linears(s, xx, T, o); });
-  else if (!by_oracle(s)) kernel_linears(s, x, T, outs);
-  else
-    for (const LinearOut& o : outs) oracle::linear(x, T, model_.get(o.weight), o.bias, o.y, oracle_threads());
+  else kernel_linears(s, x, T, outs);
   if (!tap_) return;  // the names and shapes below are looked up for a tap only: not on the hot path
   const bool fused = !by_oracle(s) && fuses_linears(s, T);
   for (const LinearOut& o : outs)
@@ -201,10 +201,10 @@ void LayeredRunner::op_kv_write(int64_t l, int64_t rel, const float* k, const fl
 }
 
 void LayeredRunner::op_attention(int64_t l, const float* q, int64_t T, int64_t rel, float* out) {
-  if (!by_oracle(Stage::Attention) && interceptor_) {
-    interceptor_->attention(*this, l, q, T, rel, out, [&](int64_t layer, float* o) { kernel_attention(layer, q, T, rel, o); });
-  } else if (!by_oracle(Stage::Attention)) {
-    kernel_attention(l, q, T, rel, out);
+  if (!by_oracle(Stage::Attention)) {
+    if (interceptor_)
+      interceptor_->attention(*this, l, q, T, rel, out, [&](int64_t layer, float* o) { kernel_attention(layer, q, T, rel, o); });
+    else kernel_attention(l, q, T, rel, out);
   } else {
     const int64_t KV = spec().kv_dim(), ctx = rel + T;
     grow(scratch_, 2 * ctx * KV);

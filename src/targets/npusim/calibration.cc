@@ -194,7 +194,8 @@ std::vector<double> fit(const Device& base, std::vector<CalibrationParameter> pa
     for (size_t k = 0; k < params.size(); ++k) {
       double a = std::log(params[k].lo), b = std::log(params[k].hi);
       auto f = [&](double lx) { return objective(device_with(k, std::exp(lx)), pts, use); };
-      if (f(a) == f(b) && f(a) == f(0.5 * (a + b))) continue;  // no used point depends on it
+      const double fa = f(a);
+      if (fa == f(b) && fa == f(0.5 * (a + b))) continue;  // no used point depends on it
       double c = b - kGolden * (b - a), e = a + kGolden * (b - a), fc = f(c), fe = f(e);
       for (int it = 0; it < 48; ++it) {
         if (fc < fe) {
