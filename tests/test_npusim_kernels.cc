@@ -15,7 +15,7 @@
 #include "oracle/ops.h"
 #include "targets/npusim/checker.h"
 #include "targets/npusim/mappings.h"
-#include "targets/npusim/ops.h"
+#include "npusim_ops.h"
 #include "util/error.h"
 #include "util/half.h"
 #include "test_support.h"

@@ -138,8 +138,9 @@ TEST(Optimize, NpusimFromNaiveReachesAFasterPlan) {
   EXPECT_TRUE(np.zero_copy);
 }
 
-// The merge rewrite that hands a stale buffer to the residual add fails phase 4's gate and
-// is reverted; the deployment passes on the unmerged plan.
+// The merge rewrite lowered without the residual add's wait for the O projection (the add
+// reads `o` as the dispatch call began) fails phase 4's gate through the executor's own
+// semantics and is reverted; the deployment passes on the unmerged plan.
 TEST(Optimize, NpusimMergeThatBreaksTheNumbersIsReverted) {
   ScratchDir out("opt_npu_bad");
   DeployOptions o = from_plan("npusim", "naive", "SmolLM2-360M", out.str("dep"), {"merged-stale-intermediate"});
@@ -154,7 +155,12 @@ TEST(Optimize, NpusimMergeThatBreaksTheNumbersIsReverted) {
       if (result.starts_with("reverted: the gate failed")) {
         EXPECT_TRUE(result.ends_with("(named cause: merged-stale-intermediate)")) << skill << ": " << result;
       }
-  EXPECT_NE(slurp(dep / "issues.md").find("Named cause(s): merged-stale-intermediate"), std::string::npos);
+  const std::string issues = slurp(dep / "issues.md");
+  EXPECT_NE(issues.find("Named cause(s): merged-stale-intermediate"), std::string::npos);
+  // The stale data came from the executor (the merge was lowered without the add's wait), and
+  // the diagnosis names the dispatch and the buffer.
+  EXPECT_NE(issues.find("buffer `o`"), std::string::npos) << issues;
+  EXPECT_NE(issues.find("dispatch `layer."), std::string::npos) << issues;
   const npusim::NpuPlan np = npusim::plan_from_json(read_json_file(dep / "plan.json")["npusim"]["plan"]);
   EXPECT_FALSE(np.shares_dispatch(Stage::OProj, Stage::AttnResidual, false));
   EXPECT_FALSE(np.shares_dispatch(Stage::OProj, Stage::AttnResidual, true));

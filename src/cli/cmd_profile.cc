@@ -1,6 +1,8 @@
 // `tessera profile DIR`: where an npusim deployment's time goes, as its device's timing
 // model predicts it for the deployment's plan: time per dispatch and per launch, tiles
-// used, bytes moved through DDR and host copies, for a prefill and a decode step.
+// used, bytes moved through DDR and host copies, for a prefill and a decode step; with
+// --json also the lowered Programs priced (dispatches, launches with their arguments and
+// waits, buffers with their syncs), the same the runner executes.
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
@@ -9,6 +11,7 @@
 #include "pipeline/executor.h"
 #include "targets/npusim/npusim_runner.h"
 #include "targets/npusim/predict.h"
+#include "targets/npusim/program.h"
 #include "util/error.h"
 
 namespace tessera::cli {
@@ -35,14 +38,19 @@ void run_profile(const ProfileArgs& a) {
   const ModelSpec& s = npu->spec();
   if (a.prompt_len < 1 || a.prompt_len > s.max_position) fail("--prompt-len {} is outside [1, {}]", a.prompt_len, s.max_position);
   if (a.context < 0 || a.context >= s.max_position) fail("--context {} is outside [0, {})", a.context, s.max_position);
-  const npusim::PassPrediction prefill = npusim::predict_prefill(npu->plan(), s, npu->device(), a.prompt_len);
-  const npusim::PassPrediction decode = npusim::predict_decode(npu->plan(), s, npu->device(), a.context);
+  // The dry mode: the plan lowered at these shapes and priced, nothing executed.
+  const npusim::Program prefill_program = npusim::lower(npu->plan(), s, npu->device(), {false, a.prompt_len, 0, 1});
+  const npusim::Program decode_program = npusim::lower(npu->plan(), s, npu->device(), {true, 1, a.context, 1});
+  const npusim::PassPrediction prefill = npusim::price(prefill_program, npu->device());
+  const npusim::PassPrediction decode = npusim::price(decode_program, npu->device());
   if (a.json) {
     fmt::print("{}\n", nlohmann::json{{"source", ex.source},
                                       {"device", npu->device().name},
                                       {"plan", npu->plan().to_json()},
                                       {"prefill", prefill.to_json()},
-                                      {"decode", decode.to_json()}}
+                                      {"decode", decode.to_json()},
+                                      {"programs", {{"prefill", prefill_program.to_json()},
+                                                    {"decode", decode_program.to_json()}}}}
                            .dump(2));
     return;
   }
@@ -65,7 +73,7 @@ void add_profile_command(CLI::App& app) {
   cmd->add_option("--device", a->device, "For a model: the device profile (default xdna2)");
   cmd->add_option("--prompt-len", a->prompt_len, "Prefill tokens")->capture_default_str();
   cmd->add_option("--context", a->context, "Cached positions before the decode step")->capture_default_str();
-  cmd->add_flag("--json", a->json, "Print JSON");
+  cmd->add_flag("--json", a->json, "Print JSON, with the lowered programs (dispatches, launches, buffers, waits)");
   cmd->callback([a] { run_profile(*a); });
 }
 

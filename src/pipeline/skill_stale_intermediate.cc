@@ -27,8 +27,11 @@ std::vector<Hypothesis> stale_intermediate(PhaseContext& ctx, const Failure&) {
   const std::vector<float>& in2 = a.probe.at("attn_residual");  // another input of the same shape
   std::vector<Hypothesis> out;
   for (const int64_t T : {a.T, int64_t(1)}) {
+    // Where the target hands o to the add (npusim: the merged dispatch and its buffer).
+    const std::string where = t->handover(Stage::OProj, Stage::AttnResidual, T);
     const std::string name = fmt::format("{}: a merged dispatch hands the residual add the previous call's O output (an "
-                                         "intermediate not refreshed)", T == 1 ? "decode steps" : "prefill calls");
+                                         "intermediate not refreshed{})",
+                                         T == 1 ? "decode steps" : "prefill calls", where.empty() ? "" : ": " + where);
     const int64_t off = (a.T - T) * H;
     auto p1 = run(in1.data() + off, T), p2 = run(in2.data() + off, T);
     if (!p1.count("o_proj") || !p2.count("attn_residual")) {

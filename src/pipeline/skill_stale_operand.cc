@@ -16,12 +16,13 @@ std::vector<Hypothesis> stale_operand(PhaseContext& ctx, const Failure&) {
   const Acts a = layer0_acts(ctx);
   const int64_t T = a.T, H = s.hidden;
   std::unique_ptr<StagedRunner> t = ctx.fresh_target();
-  // Two calls of the same kernel and shape on different inputs: the second must not see the first's.
+  // The same call twice (one kernel, one shape, one weight) on different inputs: the second
+  // must not see the first's.
   std::vector<float> first(size_t(T * H)), second(size_t(T * H));
   t->op_rmsnorm(Stage::AttnNorm, 0, a.probe.at("embed").data(), T, first.data());
   const std::vector<float>& in2 = a.probe.at("attn_residual");
-  t->op_rmsnorm(Stage::MlpNorm, 0, in2.data(), T, second.data());
-  const std::vector<float> w = ctx.model.get(layer_tensor(0, "post_attention_layernorm.weight")).to_f32();
+  t->op_rmsnorm(Stage::AttnNorm, 0, in2.data(), T, second.data());
+  const std::vector<float> w = ctx.model.get(layer_tensor(0, "input_layernorm.weight")).to_f32();
   std::vector<float> correct(size_t(T * H)), stale(size_t(T * H));
   oracle::rmsnorm(in2.data(), w.data(), correct.data(), T, H, s.rms_eps);
   oracle::rmsnorm(a.probe.at("embed").data(), w.data(), stale.data(), T, H, s.rms_eps);

@@ -300,7 +300,8 @@ void LayeredRunner::forward_layers(float* h, int64_t T, int64_t n_layers, const 
     fail("{} target: {} layers requested, the model has {}", target(), n_layers, s.n_layers);
   if (position_ + T > s.max_position)
     fail("{} target: {} tokens at position {} exceed the model's context of {}", target(), T, position_, s.max_position);
-  begin_step(T);
+  const bool own_pass = !in_pass_;
+  if (own_pass) begin_pass(T, 0);
   grow(x_, T * s.hidden);
   grow(q_, T * s.q_dim());
   grow(k_, T * s.kv_dim());
@@ -311,9 +312,16 @@ void LayeredRunner::forward_layers(float* h, int64_t T, int64_t n_layers, const 
   grow(up_, T * s.intermediate);
   grow(act_, T * s.intermediate);
   grow(down_, T * s.hidden);
-  for (int64_t l = 0; l < n_layers; ++l) run_layer(l, h, T, probe, level);
+  try {
+    for (int64_t l = 0; l < n_layers; ++l) run_layer(l, h, T, probe, level);
+  } catch (...) {
+    current_layer_ = 0;
+    if (own_pass) end_pass();
+    throw;
+  }
   current_layer_ = 0;
   position_ += T;
+  if (own_pass) end_pass();
 }
 
 std::vector<float> LayeredRunner::forward(std::span<const int32_t> ids, bool all_logits, const ProbeFn& probe,
@@ -324,6 +332,21 @@ std::vector<float> LayeredRunner::forward(std::span<const int32_t> ids, bool all
   for (int32_t id : ids)
     if (id < 0 || id >= s.vocab) fail("{} target: token id {} is outside the vocabulary [0, {})", target(), id, s.vocab);
   const int64_t H = s.hidden;
+  if (position_ + T > s.max_position)
+    fail("{} target: {} tokens at position {} exceed the model's context of {}", target(), T, position_, s.max_position);
+  const int64_t rows = all_logits ? T : 1;
+  begin_pass(T, rows);
+  in_pass_ = true;
+  struct PassEnd {
+    LayeredRunner* r;
+    ~PassEnd() {
+      r->in_pass_ = false;
+      try {
+        r->end_pass();
+      } catch (...) {  // already unwinding from the pass's own error, or nothing to report
+      }
+    }
+  } pass_end{this};
   std::vector<float> h(size_t(T * H));
   count(Stage::Embedding);
   op_embedding(ids.data(), T, h.data());
@@ -331,7 +354,6 @@ std::vector<float> LayeredRunner::forward(std::span<const int32_t> ids, bool all
 
   forward_layers(h.data(), T, s.n_layers, probe, level);
 
-  const int64_t rows = all_logits ? T : 1;
   const float* last = h.data() + (T - rows) * H;
   std::vector<float> x(size_t(rows * H));
   count(Stage::FinalNorm);

@@ -94,9 +94,13 @@ class LayeredRunner : public StagedRunner {
   virtual void kernel_add(Stage which, float* acc, const float* x, int64_t T) = 0;
   // Host threads the oracle's twins may use.
   virtual int oracle_threads() const { return 0; }
-  // Called once per forward pass / forward_layers call before any stage runs, with the
-  // number of tokens (a target may price or group the step it is about to run).
-  virtual void begin_step(int64_t T) {}
+  // Called around every forward pass (and every forward_layers call outside one) before any
+  // stage runs and after the last: the tokens and the rows the head will project (0 when the
+  // head does not run). A target may lower, group or price the pass it is about to run.
+  virtual void begin_pass(int64_t T, int64_t head_rows) {}
+  virtual void end_pass() {}
+  // The layer run_layer is in (0 for phase 1's direct op_* calls).
+  int64_t current_layer() const { return current_layer_; }
 
   const Model& model_;
 
@@ -113,6 +117,7 @@ class LayeredRunner : public StagedRunner {
   std::shared_ptr<OutputTap> tap_;
   std::shared_ptr<KernelInterceptor> interceptor_;
   int64_t current_layer_ = 0;  // the layer run_layer is in (phase 1's direct op_* calls: layer 0)
+  bool in_pass_ = false;       // inside forward(): forward_layers does not begin a pass of its own
   bool profile_ = false;
   std::vector<LayerParams> layers_;
   std::vector<float> final_norm_;

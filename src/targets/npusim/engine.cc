@@ -261,7 +261,9 @@ Engine::Stats Engine::stats() const {
   return {impl_->launches.load(), impl_->in_bytes.load(), impl_->out_bytes.load(), impl_->host_bytes.load()};
 }
 
-void Engine::run(const Launch& l, const Bindings& ddr) {
+void Engine::run(const Launch& l, const Bindings& ddr) { run(l, ddr, l.name); }
+
+void Engine::run(const Launch& l, const Bindings& ddr, const std::string& state_key) {
   Impl& im = *impl_;
   if (auto refusals = check(l, im.device); !refusals.empty())
     fail("npusim: launch {} does not fit {}:\n{}", l.name, im.device.name, describe(refusals));
@@ -301,7 +303,7 @@ void Engine::run(const Launch& l, const Bindings& ddr) {
     sig += fmt::format("w{},{}:", w.tile.col, w.tile.row);
     for (const auto& b : w.buffers) sig += fmt::format("{}/{}/{};", b.name, b.bytes, b.depth);
   }
-  LaunchState& st = im.state[l.name];
+  LaunchState& st = im.state[state_key];
   if (st.signature != sig) st = LaunchState{sig, 0, {}, {}};
   st.locals.resize(l.workers.size());
 

@@ -97,6 +97,9 @@ class Engine {
   // Runs one launch; its fifos' tensors are read and written in place (as zero-copy DDR).
   // Throws tessera::Error with the checker's refusals if the launch does not fit the device.
   void run(const Launch& launch, const Bindings& ddr);
+  // The same, with its device state (L1 rings, resident fifos) kept under `state_key`
+  // instead of the launch's name (one state per layer of a Program's layer dispatch).
+  void run(const Launch& launch, const Bindings& ddr, const std::string& state_key);
   // Runs one host call: syncs host buffers per HostBuffer::sync (EveryCall copies, Once
   // only on the first call of this dispatch name, ZeroCopy maps, DeviceOnly never seen by
   // the host), then the launches in order, then copies outputs back.

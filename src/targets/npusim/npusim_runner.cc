@@ -9,7 +9,8 @@
 #include "oracle/ops.h"
 #include "targets/cpu/kernels.h"
 #include "targets/npusim/numerics.h"
-#include "targets/npusim/ops.h"
+#include "targets/npusim/executor.h"
+#include "targets/npusim/mappings.h"
 #include "targets/npusim/predict.h"
 #include "targets/stages.h"
 #include "util/error.h"
@@ -25,8 +26,9 @@ const std::vector<FaultInfo>& npusim_faults() {
   // stage whose kernel carries it and the first phase whose gate must catch it.
   static const std::vector<FaultInfo> faults = {
       {"merged-stale-intermediate", "attn_residual", 4,
-       "a dispatch that merges the O projection with the residual add hands the add the previous call's output (plans "
-       "without that merge are unaffected: phase 4's gate catches the merge rewrite and reverts it)"},
+       "a dispatch that merges the O projection with the residual add is lowered without the add's wait for the "
+       "projection's drain of buffer o, so the add reads o as the dispatch call began: the previous call's output "
+       "(plans without that merge are unaffected: phase 4's gate catches the merge rewrite and reverts it)"},
       {"l1-overflow", "qkv_proj", 1,
        "the projection's streamed tile is enlarged past the 64 KiB L1: the checker refuses the mapping with the numbers"},
       {"bd-exhaustion", "qkv_proj", 1,
@@ -87,8 +89,7 @@ NpuSimRunner::NpuSimRunner(const Model& model, const TargetOptions& options)
       device_(npusim::load_device(device_name(options))),
       plan_(plan_for(options)),
       threads_(options.threads > 0 ? options.threads : default_threads()) {
-  ops_ = std::make_unique<npusim::NpuOps>(device_, threads_);
-  ops_->set_gemv_tiles(plan_.gemv_tiles);
+  executor_ = std::make_unique<npusim::ProgramExecutor>(device_, threads_);
   host_pool_ = std::make_unique<cpu::ThreadPool>(threads_);
   weights_ = std::make_unique<Bf16WeightStore>(
       [this](int64_t n, const std::function<void(int64_t, int64_t)>& body) { host_pool_->parallel_for(n, body); });
@@ -96,18 +97,15 @@ NpuSimRunner::NpuSimRunner(const Model& model, const TargetOptions& options)
   load_matrices(*weights_);
   kv_.resize(size_t(s.n_layers));
 
-  // The faults, as mapping bugs of one op's launches.
+  // The faults, as mapping bugs of one op's launches or a wait the merge forgets.
   npusim::MappingFaults f;
   f.l1_overflow = fault("l1-overflow");
   f.bd_exhaustion = fault("bd-exhaustion");
   f.transposed_pattern = fault("bad-access-pattern");
   f.dma_oversubscribed = fault("dma-channels");
-  if (f.any()) ops_->set_faults("gemv", f), ops_->set_faults("gemm", f);
-  if (fault("stale-buffer")) {
-    npusim::MappingFaults stale;
-    stale.stale_buffer = true;
-    ops_->set_faults("rmsnorm", stale);
-  }
+  if (f.any()) lowering_faults_.mapping["gemv"] = lowering_faults_.mapping["gemm"] = f;
+  if (fault("stale-buffer")) lowering_faults_.mapping["rmsnorm"].stale_buffer = true;
+  lowering_faults_.drop_o_wait = fault("merged-stale-intermediate");
 }
 
 NpuSimRunner::~NpuSimRunner() = default;
@@ -197,6 +195,23 @@ std::map<std::string, int64_t> NpuSimRunner::op_counters() const {
   return out;
 }
 
+std::string NpuSimRunner::handover(Stage from, Stage to, int64_t T) const {
+  // The plan lowered at this pass's shape: the dispatch holding both steps on the NPU and the
+  // buffer the consumer's launches read that the producer's write.
+  const npusim::Program p = npusim::lower(plan_, spec(), device_, {T == 1, T, 0, 1}, lowering_faults_);
+  const npusim::Program::Where a = p.find(from), b = p.find(to);
+  if (a.dispatch != b.dispatch || p.dispatches[a.dispatch].host) return "";
+  const npusim::ProgramDispatch& d = p.dispatches[a.dispatch];
+  std::set<std::string> written, shared;
+  for (const npusim::LaunchCall& c : d.steps[a.step].launches)
+    for (const std::string& n : c.writes()) written.insert(n);
+  for (const npusim::LaunchCall& c : d.steps[b.step].launches)
+    for (const std::string& n : c.reads())
+      if (written.count(n)) shared.insert(n);
+  if (shared.empty()) return "";
+  return fmt::format("dispatch `{}`, buffer{} `{}`", d.name, shared.size() > 1 ? "s" : "", fmt::join(shared, "`, `"));
+}
+
 nlohmann::json NpuSimRunner::build_plan(const Model& model) const {
   const ModelSpec& s = model.spec();
   nlohmann::json plan;
@@ -242,43 +257,152 @@ nlohmann::json NpuSimRunner::build_plan(const Model& model) const {
   return plan;
 }
 
+// --- the Program and its steps ------------------------------------------------------------
+
+void NpuSimRunner::begin_pass(int64_t T, int64_t head_rows) {
+  pass_ = program({T == 1, T, rel_position(), std::max<int64_t>(1, std::min(head_rows, T))});
+  executor_->begin_pass();
+}
+
+void NpuSimRunner::end_pass() {
+  last_pass_ = executor_->end_pass();
+  pass_.reset();
+}
+
+std::shared_ptr<const npusim::Program> NpuSimRunner::program(const npusim::PassShape& shape) {
+  if (auto it = programs_.find(shape); it != programs_.end()) return it->second;
+  if (programs_.size() >= 8) programs_.clear();  // decode lowers one per context: keep a few
+  auto p = std::make_shared<const npusim::Program>(npusim::lower(plan_, spec(), device_, shape, lowering_faults_));
+  programs_[shape] = p;
+  return p;
+}
+
+NpuSimRunner::StepRef NpuSimRunner::step_for(Stage s, int64_t rows, int64_t context) {
+  const bool head = s == Stage::FinalNorm || s == Stage::LmHead;
+  if (pass_ && rows == (head ? pass_->shape.head_rows : pass_->shape.tokens)) return {pass_, pass_->find(s), true};
+  // A kernel called by itself (phase 1, a probe's extra rows): a program of its own.
+  const npusim::PassShape shape{rows == 1, rows, head ? 0 : context, rows};
+  const auto key = std::make_pair(s, shape);
+  auto it = kernel_programs_.find(key);
+  if (it == kernel_programs_.end()) {
+    if (kernel_programs_.size() >= 64) kernel_programs_.clear();
+    it = kernel_programs_
+             .emplace(key, std::make_shared<const npusim::Program>(
+                               npusim::lower_stage(plan_, s, spec(), device_, shape, lowering_faults_)))
+             .first;
+  }
+  return {it->second, it->second->find(s), false};
+}
+
+int64_t NpuSimRunner::step_layer(Stage s) const {
+  return (s == Stage::Embedding || s == Stage::FinalNorm || s == Stage::LmHead) ? -1 : current_layer();
+}
+
+void NpuSimRunner::run(Stage s, int64_t rows, int64_t context, npusim::StepArgs& args,
+                       const std::set<std::string>& outputs) {
+  const StepRef r = step_for(s, rows, context);
+  if (placement(r) == Placement::Host) fail("npusim: stage {} runs on the host in this plan", stage_name(s));
+  executor_->run_step(r.program, r.where, step_layer(s), args, r.priced, outputs);
+}
+
+bool NpuSimRunner::on_host(Stage s, int64_t rows, int64_t context) {
+  const StepRef r = step_for(s, rows, context);
+  if (placement(r) != Placement::Host) return false;
+  host_calls_[s]++;
+  executor_->host_step(r.program, r.where, step_layer(s), r.priced);
+  return true;
+}
+
+Placement NpuSimRunner::placement(const StepRef& r) const {
+  return r.program->dispatches[r.where.dispatch].steps[r.where.step].placement;
+}
+
+namespace {
+
+npusim::DdrTensor bf16_view(const uint16_t* p, int64_t n) { return npusim::DdrTensor::bf16(const_cast<uint16_t*>(p), n); }
+
+npusim::HostArray host(const float* p, int64_t n) { return {const_cast<float*>(p), n}; }
+
+// The short name of a projection's output ("q", "k", "v", "o", "gate", "up", "down"): the
+// Program's buffer names.
+std::string output_of(const std::string& weight) {
+  for (const char* n : {"q", "k", "v", "o", "gate", "up", "down"})
+    if (weight.find(std::string(".") + n + "_proj.") != std::string::npos) return n;
+  return "logits";
+}
+
+}  // namespace
+
+// Host values a kernel reads in bf16 (norm weights, biases, the RoPE table), kept for the call.
+const uint16_t* NpuSimRunner::bf16_copy(const float* p, int64_t n) {
+  bf16_scratch_.emplace_back(size_t(n));
+  for (int64_t i = 0; i < n; ++i) bf16_scratch_.back()[size_t(i)] = f32_to_bf16(p[i]);
+  return bf16_scratch_.back().data();
+}
+
 // --- kernels -----------------------------------------------------------------------------
 
 void NpuSimRunner::kernel_embedding(const int32_t* ids, int64_t T, float* out) {
   const Bf16Matrix& e = weights_->get("model.embed_tokens.weight");
-  if (where(Stage::Embedding, T) == Placement::Host) {
-    on_host(Stage::Embedding);
+  if (on_host(Stage::Embedding, T, 0)) {
     for (int64_t t = 0; t < T; ++t)
       for (int64_t c = 0; c < e.cols; ++c) out[t * e.cols + c] = bf16_to_f32(e.data[int64_t(ids[t]) * e.cols + c]);
     return;
   }
-  ops_->embedding(e.data, e.rows, e.cols, ids, T, out);
+  npusim::StepArgs a;
+  a.host["h"] = host(out, T * e.cols);
+  a.external["w.embed"] = bf16_view(e.data, e.rows * e.cols);
+  a.ids = {ids, size_t(T)};
+  run(Stage::Embedding, T, 0, a);
 }
 
 void NpuSimRunner::kernel_rmsnorm(Stage which, int64_t, const float* w, const float* x, int64_t T, float* out) {
-  if (where(which, T) == Placement::Host) {
-    on_host(which);
-    return oracle::rmsnorm(x, w, out, T, spec().hidden, spec().rms_eps);
-  }
-  ops_->rmsnorm(x, w, out, T, spec().hidden, spec().rms_eps);
+  const int64_t H = spec().hidden;
+  if (on_host(which, T, 0)) return oracle::rmsnorm(x, w, out, T, H, spec().rms_eps);
+  npusim::StepArgs a;
+  const bool head = which == Stage::FinalNorm;
+  a.host[head ? "hf" : "h"] = host(x, T * H);
+  a.host[head ? "xf" : "x"] = host(out, T * H);
+  a.external[std::string("g.") + stage_name(which)] = bf16_view(bf16_copy(w, H), H);
+  run(which, T, 0, a);
+  bf16_scratch_.clear();
 }
 
 void NpuSimRunner::kernel_linear(Stage s, const float* x, int64_t T, const std::string& weight, const float* bias,
                                  float* y) {
-  const Bf16Matrix& w = weights_->get(weight);
-  if (where(s, T) == Placement::Host) {
-    on_host(s);
-    return cpu::matmul(x, T, w, bias, y, *host_pool_);
+  const LinearOut one[] = {{weight, bias, y}};
+  kernel_linears(s, x, T, one);
+}
+
+void NpuSimRunner::kernel_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) {
+  if (on_host(s, T, 0)) {
+    for (const LinearOut& o : outs) cpu::matmul(x, T, weights_->get(o.weight), o.bias, o.y, *host_pool_);
+    return;
   }
-  if (s == Stage::LmHead && T == 1) return ops_->lm_head(w.data, w.rows, w.cols, x, y);
-  ops_->linear(w.data, w.rows, w.cols, x, T, bias, y, weight, plan_.weights_resident);
+  npusim::StepArgs a;
+  const std::string in = s == Stage::OProj ? "attn" : s == Stage::DownProj ? "act" : s == Stage::LmHead ? "xf" : "x";
+  const int64_t K = weights_->get(outs[0].weight).cols;
+  a.host[in] = host(x, T * K);
+  std::set<std::string> outputs;
+  for (const LinearOut& o : outs) {
+    const Bf16Matrix& w = weights_->get(o.weight);
+    const std::string y = output_of(o.weight);
+    a.host[y] = host(o.y, T * w.rows);
+    a.external[s == Stage::LmHead ? "w.lm_head" : "w." + y] = bf16_view(w.data, w.rows * w.cols);
+    // A plan lowered with a bias its caller does not hand (a dropped bias) adds zeros.
+    std::vector<float> zeros;
+    if (!o.bias) zeros.assign(size_t(w.rows), 0.0f);
+    a.external["b." + y] = bf16_view(bf16_copy(o.bias ? o.bias : zeros.data(), w.rows), w.rows);
+    outputs.insert(y);
+  }
+  run(s, T, 0, a, outputs);
+  bf16_scratch_.clear();
 }
 
 void NpuSimRunner::kernel_rope(int64_t l, float* q, float* k, int64_t T, int64_t pos) {
   const ModelSpec& s = spec();
-  if (where(Stage::Rope, T) == Placement::Host) {
-    on_host(Stage::Rope);
-    const LayerParams& L = layer(l);
+  const LayerParams& L = layer(l);
+  if (on_host(Stage::Rope, T, 0)) {
     if (s.qk_norm) {
       oracle::rmsnorm(q, L.q_norm.data(), q, T * s.n_heads, s.head_dim, s.rms_eps);
       oracle::rmsnorm(k, L.k_norm.data(), k, T * s.n_kv_heads, s.head_dim, s.rms_eps);
@@ -287,18 +411,22 @@ void NpuSimRunner::kernel_rope(int64_t l, float* q, float* k, int64_t T, int64_t
     oracle::rope(k, T, s.n_kv_heads, s.head_dim, pos, inv_freq());
     return;
   }
-  if (s.qk_norm) {  // Qwen3: per-head RMSNorm before RoPE, on the NPU as a row op
-    const LayerParams& L = layer(l);
-    ops_->rmsnorm(q, L.q_norm.data(), q, T * s.n_heads, s.head_dim, s.rms_eps);
-    ops_->rmsnorm(k, L.k_norm.data(), k, T * s.n_kv_heads, s.head_dim, s.rms_eps);
+  npusim::StepArgs a;
+  a.host["q"] = host(q, T * s.q_dim());
+  a.host["k"] = host(k, T * s.kv_dim());
+  const std::vector<float> cs = npusim::rope_table(T, pos, inv_freq());  // computed on the host, fp32
+  a.external["cs"] = bf16_view(bf16_copy(cs.data(), int64_t(cs.size())), int64_t(cs.size()));
+  if (s.qk_norm) {
+    a.external["g.q_norm"] = bf16_view(bf16_copy(L.q_norm.data(), s.head_dim), s.head_dim);
+    a.external["g.k_norm"] = bf16_view(bf16_copy(L.k_norm.data(), s.head_dim), s.head_dim);
   }
-  ops_->rope(q, T, s.n_heads, s.head_dim, pos, inv_freq());
-  ops_->rope(k, T, s.n_kv_heads, s.head_dim, pos, inv_freq());
+  run(Stage::Rope, T, 0, a);
+  bf16_scratch_.clear();
 }
 
 uint16_t* NpuSimRunner::kv_layer(int64_t l, int64_t rows_needed) {
   std::vector<uint16_t>& kv = kv_[size_t(l)];
-  const int64_t rows = npusim::NpuOps::kv_rows_for(rows_needed);
+  const int64_t rows = npusim::kv_rows_for(rows_needed);
   const int64_t row_elems = 2 * spec().kv_dim();
   if (int64_t(kv.size()) < rows * row_elems) {
     // Grown rows start as NaN (bf16 0x7FC0): a kernel reading an unwritten row shows it.
@@ -308,8 +436,22 @@ uint16_t* NpuSimRunner::kv_layer(int64_t l, int64_t rows_needed) {
 }
 
 void NpuSimRunner::kv_store(int64_t l, int64_t rel, const float* k, const float* v, int64_t T) {
-  if (where(Stage::KvWrite, T) == Placement::Host) on_host(Stage::KvWrite);
-  npusim::NpuOps::kv_store(kv_layer(l, rel + T), spec().kv_dim(), rel, k, v, T);
+  const int64_t KV = spec().kv_dim();
+  uint16_t* kv = kv_layer(l, rel + T);
+  for (int64_t t = 0; t < T; ++t) {
+    npusim::detail::cast_to_bf16(k + t * KV, kv + (rel + t) * 2 * KV, KV);
+    npusim::detail::cast_to_bf16(v + t * KV, kv + (rel + t) * 2 * KV + KV, KV);
+  }
+}
+
+void NpuSimRunner::kernel_kv_write(int64_t l, int64_t rel, const float* k, const float* v, int64_t T) {
+  // On the NPU the k and v drains write the cache rows (no launch of its own); on the host
+  // the host casts them. The same bf16 rows either way.
+  if (!on_host(Stage::KvWrite, T, rel)) {
+    npusim::StepArgs a;
+    run(Stage::KvWrite, T, rel, a);
+  }
+  kv_store(l, rel, k, v, T);
 }
 
 void NpuSimRunner::kv_read(int64_t l, int64_t rel, int64_t T, float* k, float* v) {
@@ -332,88 +474,102 @@ void NpuSimRunner::host_attention(int64_t l, const float* q, int64_t T, int64_t 
   oracle::attention(q, T, rel, kk, vv, spec(), out, threads_);
 }
 
-// Naive prefill: the scores and the context products on the NPU (GEMMs per query head),
-// the scaled, masked softmax on the host in fp32.
-void NpuSimRunner::split_attention(int64_t l, const float* q, int64_t T, int64_t rel, float* out) {
+// Naive prefill: the scores and the context products on the NPU (GEMMs per query head, as
+// the Program lists them), the scaled, masked softmax on the host in fp32 between them.
+void NpuSimRunner::split_attention(const StepRef& r, int64_t l, const float* q, int64_t T, int64_t rel, float* out) {
   const ModelSpec& s = spec();
   const int64_t hd = s.head_dim, KV = s.kv_dim(), ctx = rel + T, group = s.n_heads / s.n_kv_heads;
-  // Keys padded to whole key tiles (the GEMM mapping takes whole tiles); padded keys are
-  // zero and masked out of the softmax.
-  const int64_t cp = npusim::NpuOps::kv_rows_for(ctx);
-  const uint16_t* kv = kv_layer(l, ctx);
-  std::vector<uint16_t> kh(size_t(cp * hd), 0), vt(size_t(hd * cp), 0);
-  std::vector<float> qh(size_t(T * hd)), scores(size_t(T * cp)), probs(size_t(T * cp)), oh(size_t(T * hd));
-  const float scale = float(s.attn_scale());
-  for (int64_t g = 0; g < s.n_kv_heads; ++g) {
-    // The kv head's keys as a [keys, hd] "weight" and its values transposed to [hd, keys].
-    for (int64_t j = 0; j < ctx; ++j)
-      for (int64_t d = 0; d < hd; ++d) {
-        kh[size_t(j * hd + d)] = kv[j * 2 * KV + g * hd + d];
-        vt[size_t(d * cp + j)] = kv[j * 2 * KV + KV + g * hd + d];
-      }
-    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-      for (int64_t t = 0; t < T; ++t) std::copy_n(q + t * s.q_dim() + h * hd, hd, qh.data() + t * hd);
-      ops_->gemm(kh.data(), cp, hd, qh.data(), T, nullptr, scores.data(), fmt::format("keys.{}", g));
-      for (int64_t t = 0; t < T; ++t) {
-        const float* row = scores.data() + t * cp;
-        float* p = probs.data() + t * cp;
-        const int64_t visible = rel + t + 1;  // causal: keys [0, rel + t]
-        float m = -INFINITY;
-        for (int64_t j = 0; j < visible; ++j) m = std::max(m, row[j] * scale);
-        double sum = 0;
-        for (int64_t j = 0; j < visible; ++j) sum += p[j] = std::exp(row[j] * scale - m);
-        for (int64_t j = 0; j < cp; ++j) p[j] = j < visible ? float(p[j] / sum) : 0.0f;
-      }
-      ops_->gemm(vt.data(), hd, cp, probs.data(), T, nullptr, oh.data(), fmt::format("values.{}", g));
-      for (int64_t t = 0; t < T; ++t) std::copy_n(oh.data() + t * hd, hd, out + t * s.q_dim() + h * hd);
-    }
+  const npusim::ProgramDispatch& d = r.program->dispatches[r.where.dispatch];
+  // The host buffers as the Program sizes them (every head's operands side by side).
+  std::map<std::string, std::vector<uint8_t>> mem;
+  npusim::Bindings b;
+  for (const char* n : {"split.q", "split.keys", "split.values", "split.scores", "split.probs", "split.context"}) {
+    const npusim::ProgramBuffer* pb = d.buffer(n);
+    if (!pb) fail("npusim: the split attention's program has no buffer {}", n);
+    std::vector<uint8_t>& m = mem[n];
+    m.assign(size_t(pb->device_elems * npusim::elem_bytes(pb->buffer.type)), 0);
+    b[n] = {pb->buffer.type, m.data(), pb->device_elems};
   }
+  auto* qb = reinterpret_cast<uint16_t*>(mem["split.q"].data());
+  auto* kb = reinterpret_cast<uint16_t*>(mem["split.keys"].data());
+  auto* vb = reinterpret_cast<uint16_t*>(mem["split.values"].data());
+  auto* sc = reinterpret_cast<float*>(mem["split.scores"].data());
+  auto* pr = reinterpret_cast<uint16_t*>(mem["split.probs"].data());
+  auto* cx = reinterpret_cast<float*>(mem["split.context"].data());
+  // Keys padded to whole key tiles (the GEMM mapping takes whole tiles); padded keys are
+  // zero and masked out of the softmax. Query rows padded to the GEMM's M (zero).
+  const int64_t cp = npusim::kv_rows_for(ctx);
+  const int64_t mp = b.at("split.q").elems / (s.n_heads * hd);
+  const uint16_t* kv = kv_layer(l, ctx);
+  for (int64_t g = 0; g < s.n_kv_heads; ++g)
+    for (int64_t j = 0; j < ctx; ++j)
+      for (int64_t e = 0; e < hd; ++e) {
+        kb[g * cp * hd + j * hd + e] = kv[j * 2 * KV + g * hd + e];
+        vb[g * hd * cp + e * cp + j] = kv[j * 2 * KV + KV + g * hd + e];
+      }
+  for (int64_t h = 0; h < s.n_heads; ++h)
+    for (int64_t t = 0; t < T; ++t) npusim::detail::cast_to_bf16(q + t * s.q_dim() + h * hd, qb + h * mp * hd + t * hd, hd);
+  const float scale = float(s.attn_scale());
+  std::vector<float> p(static_cast<size_t>(cp));
+  for (int64_t h = 0; h < s.n_heads; ++h) {
+    executor_->run_launch(r.program, r.where, current_layer(), size_t(2 * h), b, r.priced);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = sc + h * mp * cp + t * cp;
+      const int64_t visible = rel + t + 1;  // causal: keys [0, rel + t]
+      float m = -INFINITY;
+      for (int64_t j = 0; j < visible; ++j) m = std::max(m, row[j] * scale);
+      double sum = 0;
+      for (int64_t j = 0; j < visible; ++j) sum += p[size_t(j)] = std::exp(row[j] * scale - m);
+      for (int64_t j = 0; j < cp; ++j) p[size_t(j)] = j < visible ? float(p[size_t(j)] / sum) : 0.0f;
+      npusim::detail::cast_to_bf16(p.data(), pr + h * mp * cp + t * cp, cp);
+    }
+    executor_->run_launch(r.program, r.where, current_layer(), size_t(2 * h + 1), b, r.priced);
+    for (int64_t t = 0; t < T; ++t) std::copy_n(cx + h * mp * hd + t * hd, hd, out + t * s.q_dim() + h * hd);
+  }
+  (void)group;
 }
 
 void NpuSimRunner::kernel_attention(int64_t l, const float* q, int64_t T, int64_t rel, float* out) {
   const ModelSpec& s = spec();
-  switch (where(Stage::Attention, T)) {
+  const StepRef r = step_for(Stage::Attention, T, rel);
+  switch (placement(r)) {
     case Placement::Host:
-      on_host(Stage::Attention);
+      host_calls_[Stage::Attention]++;
+      executor_->host_step(r.program, r.where, current_layer(), r.priced);
       return host_attention(l, q, T, rel, out);
     case Placement::NpuWithHostSoftmax:
       ++host_softmax_calls_;  // the products ran on the NPU, the softmax on the host
-      return split_attention(l, q, T, rel, out);
+      return split_attention(r, l, q, T, rel, out);
     case Placement::Npu: break;
   }
-  const int64_t ctx = rel + T;
-  const uint16_t* kv = kv_layer(l, ctx);
-  const int64_t rows = npusim::NpuOps::kv_rows_for(ctx);
-  if (T == 1) ops_->attention_decode(q, rel, s.n_heads, s.n_kv_heads, s.head_dim, kv, rows, out);
-  else ops_->attention_prefill(q, T, rel, s.n_heads, s.n_kv_heads, s.head_dim, kv, rows, out);
+  const int64_t ctx = rel + T, rows = npusim::kv_rows_for(ctx);
+  npusim::StepArgs a;
+  a.host["q"] = host(q, T * s.q_dim());
+  a.host["attn"] = host(out, T * s.q_dim());
+  a.external["kv"] = bf16_view(kv_layer(l, ctx), rows * 2 * s.kv_dim());
+  executor_->run_step(r.program, r.where, current_layer(), a, r.priced, {});
 }
 
 void NpuSimRunner::kernel_silu_mul(const float* gate, const float* up, int64_t T, float* out) {
   const int64_t n = T * spec().intermediate;
-  if (where(Stage::SiluMul, T) == Placement::Host) {
-    on_host(Stage::SiluMul);
-    return oracle::silu_mul(gate, up, out, n);
-  }
-  ops_->silu_mul(gate, up, out, n);
+  if (on_host(Stage::SiluMul, T, 0)) return oracle::silu_mul(gate, up, out, n);
+  npusim::StepArgs a;
+  a.host["gate"] = host(gate, n);
+  a.host["up"] = host(up, n);
+  a.host["act"] = host(out, n);
+  run(Stage::SiluMul, T, 0, a);
 }
 
 void NpuSimRunner::kernel_add(Stage which, float* acc, const float* x, int64_t T) {
   const int64_t n = T * spec().hidden;
-  if (which == Stage::AttnResidual && fault("merged-stale-intermediate") &&
-      plan_.shares_dispatch(Stage::OProj, Stage::AttnResidual, T == 1)) {
-    // The add reads what the O projection left in the buffer on the previous call.
-    std::vector<float> now(x, x + n);
-    stale_o_.resize(size_t(n));
-    std::swap(stale_o_, now);
-    ops_->add(acc, now.data(), n);
-    return;
-  }
-  if (where(which, T) == Placement::Host) {
-    on_host(which);
+  if (on_host(which, T, 0)) {
     for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
     return;
   }
-  ops_->add(acc, x, n);
+  npusim::StepArgs a;
+  a.host["h"] = host(acc, n);
+  a.host[which == Stage::AttnResidual ? "o" : "down"] = host(x, n);
+  run(which, T, 0, a);
 }
 
 }  // namespace tessera

@@ -1,9 +1,9 @@
-// npusim predictions for a whole model under a plan: each dispatch of a prefill or decode
-// pass built from the kernel set's mapping generators at the model's shapes (the same
-// default tiles the runner executes), with the host buffers the plan's residency implies,
-// priced by the timing model (timing.h); host-placed ops priced at the device profile's
-// host speed. Nothing is executed, so a full-size model's step is predicted in
-// milliseconds. `tessera bench --target npusim` and `tessera profile` print these.
+// npusim predictions: the timing model (timing.h) pricing a lowered Program (program.h),
+// the same Program the runner executes. price() is the dry mode: nothing is executed, so a
+// full-size model's step is predicted in milliseconds; the runner prices each dispatch call
+// it runs the same way (its launches as run, the dispatch's buffers), so a functional pass
+// and the dry price of its Program agree. Host work is priced at the device profile's host
+// speed. `tessera bench --target npusim` and `tessera profile` print these.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -13,6 +13,7 @@
 #include "model/spec.h"
 #include "targets/npusim/device.h"
 #include "targets/npusim/plans.h"
+#include "targets/npusim/program.h"
 #include "targets/npusim/timing.h"
 
 namespace tessera::npusim {
@@ -42,7 +43,16 @@ struct PassPrediction {
   std::string describe() const;  // the profile table
 };
 
-// Prefill of `tokens` tokens from an empty cache, or one decode step at `context`.
+// The dry mode: every dispatch of the Program priced (count times), first calls or steady
+// state (resident weights and Once buffers loaded or not).
+PassPrediction price(const Program& program, const Device& device, bool first_call = false);
+// One call of `dispatch` as it ran: its launches' timings (each timed as run) completed with
+// the dispatch's host copies and overhead, plus its host work; added to `p` once.
+void add_dispatch_call(PassPrediction& p, const ProgramDispatch& dispatch, std::vector<LaunchTiming> launches,
+                       const Device& device, bool first_call);
+
+// Prefill of `tokens` tokens from an empty cache (the head on the last row), or one decode
+// step at `context`: price(lower(...)) in steady state.
 PassPrediction predict_prefill(const NpuPlan& plan, const ModelSpec& spec, const Device& device, int64_t tokens);
 PassPrediction predict_decode(const NpuPlan& plan, const ModelSpec& spec, const Device& device, int64_t context);
 

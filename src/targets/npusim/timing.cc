@@ -99,11 +99,17 @@ LaunchTiming time_launch(const Launch& l, const Device& d, const TimingOptions& 
 DispatchTiming time_dispatch(const Dispatch& dsp, const Device& d, const TimingOptions& opt) {
   DispatchTiming t;
   t.name = dsp.name;
-  for (const auto& l : dsp.launches) {
-    t.launches.push_back(time_launch(l, d, opt));
-    t.launches_us += t.launches.back().total_us;
-  }
-  for (const auto& b : dsp.buffers) {
+  for (const auto& l : dsp.launches) t.launches.push_back(time_launch(l, d, opt));
+  complete_dispatch_timing(t, dsp.buffers, d, opt);
+  return t;
+}
+
+void complete_dispatch_timing(DispatchTiming& t, const std::vector<HostBuffer>& buffers, const Device& d,
+                              const TimingOptions& opt) {
+  t.launches_us = 0;
+  for (const LaunchTiming& l : t.launches) t.launches_us += l.total_us;
+  t.host_copy_bytes = 0;
+  for (const auto& b : buffers) {
     if (b.sync == Sync::ZeroCopy || b.sync == Sync::DeviceOnly) continue;
     if (b.to_device && (b.sync == Sync::EveryCall || opt.first_call)) t.host_copy_bytes += b.bytes();
     if (b.from_device) t.host_copy_bytes += b.bytes();
@@ -117,7 +123,6 @@ DispatchTiming time_dispatch(const Dispatch& dsp, const Device& d, const TimingO
                                                   {t.host_copy_us, "host-copy"},
                                                   {t.idle_wake_us, "idle-wake"}};
   t.bound_by = std::max_element(std::begin(parts), std::end(parts))->second;
-  return t;
 }
 
 nlohmann::json LaunchTiming::to_json() const {

@@ -59,6 +59,10 @@ struct DispatchTiming {
 
 LaunchTiming time_launch(const Launch& launch, const Device& device, const TimingOptions& opt = {});
 DispatchTiming time_dispatch(const Dispatch& dispatch, const Device& device, const TimingOptions& opt = {});
+// The dispatch's parts around launches already timed (t.launches): host copies of
+// `buffers`, the dispatch overhead, the idle wake, the total and what bounds it.
+void complete_dispatch_timing(DispatchTiming& t, const std::vector<HostBuffer>& buffers, const Device& device,
+                              const TimingOptions& opt = {});
 // A readable profile: one line per launch and the dispatch's parts.
 std::string describe(const DispatchTiming& t);
 

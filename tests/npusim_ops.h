@@ -1,7 +1,8 @@
-// npusim op layer: the kernel set (mappings.h) as calls on host buffers, for the model
-// runner. Each call finds (or generates and caches, per shape) its Launch, binds the DDR
-// tensors, runs it on the Engine (workers on threads), and records the launch's predicted
-// time (time_launch) for the profile.
+// Test support: the npusim kernel set (mappings.h) as one launch per call on host buffers,
+// for the per-kernel tests (test_npusim_kernels.cc). The product runs lowered Programs
+// (targets/npusim/program.h, executor.h), not these calls. Each call finds (or generates and
+// caches, per shape) its Launch, binds the DDR tensors, runs it on the Engine (workers on
+// threads), and records the launch's predicted time (time_launch).
 //
 // Host side: activations arrive and leave as fp32 (the runner keeps fp32 hidden states
 // between ops); a call casts its inputs to bf16 where the kernel reads bf16 (that cast is the

@@ -1,4 +1,4 @@
-#include "targets/npusim/ops.h"
+#include "npusim_ops.h"
 
 #include <fmt/format.h>
 

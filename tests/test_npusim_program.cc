@@ -1,0 +1,146 @@
+// npusim's one lowering (issue 17): the runner executes the Program the timing model prices.
+// A functional pass, priced dispatch call by dispatch call as it ran, equals the dry price of
+// the Program lowered for that pass, on every tiny preset and named plan, prefill and decode;
+// a merged dispatch lowered without one wait gives wrong numbers through the executor's own
+// semantics (the add reads the buffer as the dispatch call began).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "io/weights.h"
+#include "model/presets.h"
+#include "targets/npusim/executor.h"
+#include "targets/npusim/npusim_runner.h"
+#include "targets/npusim/predict.h"
+#include "targets/npusim/program.h"
+#include "test_support.h"
+
+namespace tessera {
+namespace {
+
+using testing_support::tiny_model;
+
+std::vector<int32_t> ids(int64_t n, int32_t seed) {
+  std::vector<int32_t> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(int32_t((seed * 7919 + i * 104729) % 4000 + 10));
+  return out;
+}
+
+void expect_same_timing(const npusim::PassPrediction& run, const npusim::PassPrediction& dry, const std::string& what) {
+  EXPECT_NEAR(run.total_us, dry.total_us, 1e-9 * dry.total_us) << what;
+  EXPECT_EQ(run.npu_dispatches, dry.npu_dispatches) << what;
+  EXPECT_EQ(run.launches, dry.launches) << what;
+  EXPECT_EQ(run.host_copy_bytes, dry.host_copy_bytes) << what;
+  EXPECT_EQ(run.ddr_bytes, dry.ddr_bytes) << what;
+  EXPECT_GT(dry.total_us, 0) << what;
+}
+
+struct Case {
+  std::string preset, plan;
+};
+
+class NpusimProgram : public ::testing::TestWithParam<Case> {};
+
+// Prefill (first calls: resident weights loaded), a first decode step and a steady one.
+TEST_P(NpusimProgram, FunctionalRunTimesEqualTheDryPriceOfItsProgram) {
+  const Model model = Model::open(tiny_model(GetParam().preset));
+  TargetOptions o;
+  o.threads = 2;
+  o.plan_name = GetParam().plan;
+  NpuSimRunner r(model, o);
+  const int64_t T = 9;
+  r.forward(ids(T, 1), false);
+  expect_same_timing(r.last_pass_timing(), npusim::price(*r.program({false, T, 0, 1}), r.device(), true), "prefill");
+  r.forward(ids(1, 2), false);
+  expect_same_timing(r.last_pass_timing(), npusim::price(*r.program({true, 1, T, 1}), r.device(), true), "decode 1");
+  r.forward(ids(1, 3), false);
+  expect_same_timing(r.last_pass_timing(), npusim::price(*r.program({true, 1, T + 1, 1}), r.device(), false),
+                     "decode 2");
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (const Preset& p : presets())
+    for (const char* plan : {"baseline", "naive", "merged"}) {
+#ifdef TESSERA_SANITIZED
+      if (std::string(plan) != "merged") continue;  // one plan per preset under sanitizers (CI time)
+#endif
+      out.push_back({p.name, plan});
+    }
+  return out;
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string n = info.param.preset + "_" + info.param.plan;
+  for (char& c : n)
+    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryTinyPreset, NpusimProgram, ::testing::ValuesIn(cases()), case_name);
+
+// The merged plan's O projection and residual add share a dispatch: the add waits for the
+// projection's drain of `o`, and `o` never goes to the host.
+TEST(NpusimProgram, MergedDispatchWaitsForItsIntermediate) {
+  const ModelSpec spec = find_preset("Llama-3.2-1B").full;
+  const npusim::Device d = npusim::load_device("xdna2");
+  for (const bool fault : {false, true}) {
+    npusim::LoweringFaults f;
+    f.drop_o_wait = fault;
+    const npusim::Program p = npusim::lower(npusim::named_plan("merged"), spec, d, {true, 1, 100, 1}, f);
+    const npusim::Program::Where w = p.find(Stage::AttnResidual);
+    const npusim::ProgramDispatch& disp = p.dispatches[w.dispatch];
+    EXPECT_EQ(disp.name, "layer.o+mlp");
+    ASSERT_NE(disp.buffer("o"), nullptr);
+    EXPECT_EQ(disp.buffer("o")->buffer.sync, npusim::Sync::DeviceOnly);
+    const npusim::LaunchCall& add = disp.steps[w.step].launches.at(0);
+    EXPECT_EQ(add.waits.count("o"), fault ? 0u : 1u);
+    EXPECT_EQ(add.waits.count("h"), 0u);  // nothing earlier in the dispatch writes h
+    const npusim::Program::Where n = p.find(Stage::MlpNorm);
+    EXPECT_EQ(disp.steps[n.step].launches.at(0).waits.count("h"), 1u);  // the add's h
+  }
+}
+
+// Without the wait the add reads `o` as the dispatch call began: on the first call never
+// written (poison), on later calls the previous call's O projection.
+TEST(NpusimProgram, DroppedWaitGivesThePreviousCallsIntermediate) {
+  const Model model = Model::open(tiny_model("SmolLM2-360M"));
+  TargetOptions o;
+  o.threads = 2;
+  o.plan_name = "merged";
+  NpuSimRunner clean(model, o);
+  o.faults = {"merged-stale-intermediate"};
+  NpuSimRunner broken(model, o);
+  const int64_t H = model.spec().hidden;
+  std::map<std::string, std::vector<float>> seen[2][2];  // runner, call
+  for (int call = 0; call < 2; ++call)
+    for (int k = 0; k < 2; ++k) {
+      NpuSimRunner& r = k == 0 ? clean : broken;
+      r.reset();
+      std::vector<float> h(size_t(5 * H));
+      for (size_t i = 0; i < h.size(); ++i) h[i] = float(std::sin(0.37 * double(i) + call));
+      auto& s = seen[k][call];
+      s["in"] = h;
+      r.forward_layers(h.data(), 5, 1, [&](const std::string& n, const float* d, int64_t rows, int64_t cols) {
+        if (n == "layers.0.o_proj" || n == "layers.0.attn_residual") s[n.substr(9)].assign(d, d + rows * cols);
+      }, ProbeLevel::All);
+    }
+  // The first call's add read poison; the second's read the first call's o.
+  const auto& b0 = seen[1][0]["attn_residual"];
+  EXPECT_TRUE(std::any_of(b0.begin(), b0.end(), [](float v) { return std::isnan(v); }));
+  const auto& b1 = seen[1][1];
+  double worst_stale = 0, worst_clean = 0;
+  for (int64_t i = 0; i < 5 * H; ++i) {
+    worst_stale = std::max(worst_stale, double(std::abs(b1.at("attn_residual")[size_t(i)] -
+                                                        (b1.at("in")[size_t(i)] + seen[1][0].at("o_proj")[size_t(i)]))));
+    worst_clean = std::max(worst_clean, double(std::abs(seen[0][1].at("attn_residual")[size_t(i)] -
+                                                        (seen[0][1].at("in")[size_t(i)] + seen[0][1].at("o_proj")[size_t(i)]))));
+  }
+  EXPECT_LT(worst_stale, 1e-5);
+  EXPECT_LT(worst_clean, 1e-5);
+  EXPECT_NE(b1.at("attn_residual"), seen[0][1].at("attn_residual"));
+}
+
+}  // namespace
+}  // namespace tessera
