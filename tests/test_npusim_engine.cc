@@ -7,9 +7,11 @@
 #include <random>
 #include <vector>
 
+#include "targets/npusim/checker.h"
 #include "targets/npusim/engine.h"
 #include "targets/npusim/examples_internal.h"
 #include "targets/npusim/mappings_gemm.h"
+#include "targets/npusim/timing.h"
 #include "util/error.h"
 #include "util/half.h"
 #include "test_support.h"
@@ -163,6 +165,58 @@ TEST(NpusimEngine, ElementwiseAddAndStaleResidentSlot) {
   const Launch ok = example_add_launch(n, 8, 256, xdna2(), false);
   eng.run(ok, bind);
   EXPECT_EQ(expect_sum(x), 0);
+}
+
+// Worker-to-worker fifos (issue 17 item 3): a two-stage pipeline through a link computes
+// 2x + 1; a consumer that holds more objects than the link's depth, and two workers that
+// each wait for the other's object first, are reported with the tiles and fifos involved.
+TEST(NpusimEngine, LinkFifoPipelineOrderAndDepth) {
+  const int64_t n = 4 * 256;
+  Engine eng(xdna2(), 2);
+  register_example_kernels(eng);
+  auto x = random_bf16(n, 11);
+  std::vector<uint16_t> z(static_cast<size_t>(n));
+  const Bindings bind = {{"X", DdrTensor::bf16(x.data(), n)}, {"Z", DdrTensor::bf16(z.data(), n)}};
+  for (const auto& [depth, hold] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2}, std::pair{4, 2}}) {
+    const Launch l = example_pipeline_launch(n, 64, depth, hold, xdna2());
+    EXPECT_TRUE(check(l, xdna2()).empty()) << describe(check(l, xdna2()));
+    std::fill(z.begin(), z.end(), uint16_t(0));
+    eng.run(l, bind);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i)
+      wrong += z[size_t(i)] != f32_to_bf16(bf16_to_f32(f32_to_bf16(2.0f * bf16_to_f32(x[size_t(i)]))) + 1.0f);
+    EXPECT_EQ(wrong, 0) << "depth " << depth << ", hold " << hold;
+  }
+  // Too shallow: the consumer holds 2 objects of a 1-deep link.
+  try {
+    eng.run(example_pipeline_launch(n, 64, 1, 2, xdna2()), bind);
+    ADD_FAILURE() << "a consumer holding two objects of a one-deep link ran";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("tile (0,3)"), std::string::npos) << m;
+    EXPECT_NE(m.find("fifo L (depth 1)"), std::string::npos) << m;
+  }
+  // The right order completes; each waiting for the other first deadlocks, both tiles named.
+  EXPECT_NO_THROW(eng.run(example_ring_launch(3, false, xdna2()), {}));
+  try {
+    eng.run(example_ring_launch(3, true, xdna2()), {});
+    ADD_FAILURE() << "a cycle of consumers waiting first ran";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("deadlocks"), std::string::npos) << m;
+    EXPECT_NE(m.find("worker A on tile (0,2) waits for object 0 of fifo BA"), std::string::npos) << m;
+    EXPECT_NE(m.find("worker B on tile (0,3) waits for object 0 of fifo AB"), std::string::npos) << m;
+  }
+  // A link of depth 0 is refused by the checker, naming the producer's tile.
+  Launch zero = example_pipeline_launch(n, 64, 1, 1, xdna2());
+  zero.links[0].depth = 0;
+  const auto refusals = check(zero, xdna2());
+  ASSERT_FALSE(refusals.empty());
+  EXPECT_NE(describe(refusals).find("link fifo L: depth must be >= 1"), std::string::npos) << describe(refusals);
+  // The timing model prices the link's legs (tile to tile, no DDR).
+  const LaunchTiming t1 = time_launch(example_pipeline_launch(n, 64, 2, 1, xdna2()), xdna2());
+  EXPECT_GT(t1.dma_us, 0);
+  EXPECT_EQ(t1.ddr_bytes, 2 * n * 2);  // X in, Z out; L moves no DDR bytes
 }
 
 TEST(NpusimEngine, DispatchOnceSyncedBufferGoesStaleZeroCopyDoesNot) {

@@ -57,6 +57,25 @@ std::vector<TileUsage> tile_usage(const Launch& l, const Device& d) {
       t.locks += 2;
     }
   }
+  for (const auto& f : l.links) {
+    // A ring on the producer and on every consumer; one outgoing channel on the producer, one
+    // incoming per consumer; through a memory tile one channel in and one multicast leg out.
+    for (size_t k = 0; k <= f.consumers.size(); ++k) {
+      auto& t = at(k == 0 ? f.producer : f.consumers[k - 1]);
+      add_mem(t, f.depth * f.object_bytes(), bytes_term(f.name, f.depth, f.object_bytes()));
+      (k == 0 ? t.mm2s : t.s2mm) += 1;
+      t.bds += f.depth;
+      t.locks += 2;
+    }
+    if (f.memtile) {
+      auto& m = at(*f.memtile);
+      add_mem(m, f.mem_depth * f.object_bytes(), bytes_term(f.name, f.mem_depth, f.object_bytes()));
+      m.s2mm += 1;
+      m.mm2s += 1;
+      m.bds += 2 * f.mem_depth;
+      m.locks += 4;
+    }
+  }
   for (const auto& w : l.workers) {
     auto& t = at(w.tile);
     for (const auto& b : w.buffers) add_mem(t, b.depth * b.bytes, bytes_term(b.name, b.depth, b.bytes));
@@ -160,6 +179,23 @@ std::vector<Refusal> check(const Launch& l, const Device& d) {
                              e.mem_pattern->sizes.size(), d.max_dims));
       }
     }
+  }
+
+  for (const auto& f : l.links) {
+    if (!l.worker_at(f.producer))
+      refuse("placement", f.producer, 0, 0, fmt::format("link fifo {}: no worker on its producer tile", f.name));
+    if (f.consumers.empty()) refuse("fifo-shape", f.producer, 0, 1, fmt::format("link fifo {} has no consumer", f.name));
+    for (const Tile& c : f.consumers)
+      if (!l.worker_at(c)) refuse("placement", c, 0, 0, fmt::format("link fifo {}: no worker on its consumer tile", f.name));
+    if (f.memtile && d.kind(*f.memtile) != TileKind::Mem)
+      refuse("placement", *f.memtile, 0, 0,
+             fmt::format("link fifo {}: its memory tile must be on row {}", f.name, d.mem_row));
+    if (f.depth < 1 || f.mem_depth < 1)
+      refuse("fifo-shape", f.producer, std::min(f.depth, f.mem_depth), 1,
+             fmt::format("link fifo {}: depth must be >= 1 (a ring of {} cannot hold an object)", f.name,
+                         std::min(f.depth, f.mem_depth)));
+    if (f.object_elems <= 0 || f.objects < 0)
+      refuse("fifo-shape", f.producer, 0, 0, fmt::format("link fifo {}: object size and count must be positive", f.name));
   }
 
   // Resources per tile.

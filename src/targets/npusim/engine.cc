@@ -3,8 +3,13 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
+#include <functional>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "targets/npusim/checker.h"
 #include "util/error.h"
@@ -138,8 +143,63 @@ float* ObjectRef::f32() const {
   return reinterpret_cast<float*>(data);
 }
 
+// Who waits for what while a launch with worker-to-worker fifos runs: a state in which every
+// unfinished worker waits is a deadlock, reported with each worker's tile and fifo.
+struct Sched {
+  std::mutex m;
+  std::condition_variable cv;
+  int running = 0;
+  bool dead = false;
+  std::string launch, report;
+  struct Wait {
+    std::string what;
+    std::function<bool()> ready;
+  };
+  std::map<std::string, Wait> waiting;  // "worker w on tile (c, r)" -> what it waits for
+
+  // Waits (lock held) until ready(); a deadlock when every unfinished worker waits and none
+  // of them can go on.
+  void wait(std::unique_lock<std::mutex>& lk, std::function<bool()> ready, const std::string& who,
+            const std::string& what) {
+    while (!ready()) {
+      if (dead) fail("{}", report);
+      waiting[who] = {what, ready};
+      if (int(waiting.size()) == running &&
+          std::none_of(waiting.begin(), waiting.end(), [](const auto& w) { return w.second.ready(); })) {
+        dead = true;
+        report = fmt::format("npusim: launch {} deadlocks: every unfinished worker waits:", launch);
+        for (const auto& [w, x] : waiting) report += fmt::format("\n  {} waits for {}", w, x.what);
+        waiting.erase(who);
+        cv.notify_all();
+        fail("{}", report);
+      }
+      cv.wait(lk);
+      waiting.erase(who);
+    }
+  }
+  void finished() {
+    std::lock_guard<std::mutex> lk(m);
+    --running;
+    cv.notify_all();
+  }
+};
+
+// One worker-to-worker fifo while its launch runs: one ring of `depth` slots that the
+// producer fills and every consumer reads (poison until written).
+struct LinkState {
+  const LinkFifo* fifo = nullptr;
+  std::vector<uint8_t> ring;
+  int64_t produced = 0;           // objects the producer released
+  std::vector<int64_t> consumed;  // per consumer: objects released
+};
+
 struct WorkerContext::End {
-  const ObjectFifo* fifo = nullptr;
+  std::string name;  // the fifo's
+  const ObjectFifo* fifo = nullptr;  // DDR fifos
+  LinkState* link = nullptr;         // worker-to-worker fifos
+  int consumer = -1;                 // link: -1 the producer, else the consumer's index
+  Sched* sched = nullptr;
+  std::string who;                   // "worker w on tile (c, r)" 
   Tile tile;
   bool fill = true;
   int64_t n = 0;        // elements of this end's object
@@ -172,7 +232,7 @@ struct WorkerContext::End {
 
 int WorkerContext::fifo(const std::string& name) const {
   for (size_t i = 0; i < ends_.size(); ++i)
-    if (ends_[i]->fifo->name == name) return int(i);
+    if (ends_[i]->name == name) return int(i);
   fail("npusim: worker {} on tile {} has no end of fifo '{}'", worker_->name, to_string(tile()), name);
 }
 
@@ -180,7 +240,7 @@ int64_t WorkerContext::objects(int h) const { return ends_.at(size_t(h))->object
 
 ObjectRef WorkerContext::acquire(int h) {
   End& e = *ends_.at(size_t(h));
-  const std::string& f = e.fifo->name;
+  const std::string& f = e.name;
   if (e.acquired - e.released >= e.depth)
     fail("npusim: worker {} on tile {} holds {} objects of fifo {} (depth {}) and acquires another: the device "
          "would deadlock",
@@ -189,6 +249,22 @@ ObjectRef WorkerContext::acquire(int h) {
     fail("npusim: worker {} on tile {} acquires object {} of fifo {}, but the runtime sequence moves only {}: the "
          "device would hang",
          worker_->name, to_string(tile()), e.acquired + 1, f, e.objects);
+  if (e.link) {
+    // A slot of the ring: the producer waits until every consumer released the object that
+    // held it, a consumer until the producer released the object.
+    LinkState& L = *e.link;
+    const int64_t j = e.acquired, esize = elem_bytes(L.fifo->type);
+    std::unique_lock<std::mutex> lk(e.sched->m);
+    if (e.consumer < 0)
+      e.sched->wait(lk, [&] { return j - *std::min_element(L.consumed.begin(), L.consumed.end()) < e.depth; }, e.who,
+                    fmt::format("a free slot of fifo {} (it produces object {}; depth {})", f, j, e.depth));
+    else
+      e.sched->wait(lk, [&] { return j < L.produced; }, e.who,
+                    fmt::format("object {} of fifo {} (its producer on tile {} released {})", j, f,
+                                to_string(L.fifo->producer), L.produced));
+    ++e.acquired;
+    return {L.ring.data() + (j % e.depth) * e.n * esize, e.n, L.fifo->type};
+  }
   const int64_t j = e.acquired++;
   uint8_t* s = e.slot(j);
   if (e.fill && !e.skip_dma) {
@@ -202,7 +278,14 @@ void WorkerContext::release(int h) {
   End& e = *ends_.at(size_t(h));
   if (e.released >= e.acquired)
     fail("npusim: worker {} on tile {} releases fifo {} without holding an object", worker_->name, to_string(tile()),
-         e.fifo->name);
+         e.name);
+  if (e.link) {
+    std::lock_guard<std::mutex> lk(e.sched->m);
+    ++e.released;
+    (e.consumer < 0 ? e.link->produced : e.link->consumed[size_t(e.consumer)]) = e.released;
+    e.sched->cv.notify_all();
+    return;
+  }
   const int64_t j = e.released++;
   if (!e.fill) {
     e.transfer(j, e.slot(j));
@@ -326,6 +409,7 @@ void Engine::run(const Launch& l, const Bindings& ddr, const std::string& state_
     for (size_t k = 0; k < f.ends.size(); ++k) {
       const FifoEnd& fe = f.ends[k];
       auto e = std::make_unique<WorkerContext::End>();
+      e->name = f.name;
       e->fifo = &f;
       e->tile = fe.tile;
       e->fill = f.dir == FifoDir::Fill;
@@ -347,19 +431,79 @@ void Engine::run(const Launch& l, const Bindings& ddr, const std::string& state_
     }
   }
 
+  // Worker-to-worker fifos: one ring each, the producer's and every consumer's end on it.
+  Sched sched;
+  sched.launch = l.name;
+  std::vector<std::unique_ptr<LinkState>> links;
+  for (const LinkFifo& f : l.links) {
+    auto L = std::make_unique<LinkState>();
+    L->fifo = &f;
+    L->ring.assign(size_t(std::max(f.depth, 1)) * size_t(f.object_bytes()), kPoison);
+    L->consumed.assign(f.consumers.size(), 0);
+    for (int k = -1; k < int(f.consumers.size()); ++k) {
+      const Tile t = k < 0 ? f.producer : f.consumers[size_t(k)];
+      auto e = std::make_unique<WorkerContext::End>();
+      e->name = f.name;
+      e->link = L.get();
+      e->consumer = k;
+      e->sched = &sched;
+      e->tile = t;
+      e->fill = k >= 0;
+      e->n = f.object_elems;
+      e->objects = f.objects;
+      e->depth = std::max(f.depth, 1);
+      for (size_t w = 0; w < l.workers.size(); ++w)
+        if (l.workers[w].tile == t) {
+          e->who = fmt::format("worker {} on tile {}", l.workers[w].name, to_string(t));
+          ctx[w].ends_.push_back(e.get());
+        }
+      ends.push_back(std::move(e));
+    }
+    links.push_back(std::move(L));
+  }
+
   auto run_worker = [&](size_t w) {
     im.kernels.at(l.workers[w].kernel)(ctx[w]);
     for (const auto* e : ctx[w].ends_)
       if (!e->fill && e->released != e->objects)
-        fail("npusim: launch {}: worker {} on tile {} released {} of the {} objects of fifo {}: the drain would "
-             "never finish",
-             l.name, l.workers[w].name, to_string(l.workers[w].tile), e->released, e->objects, e->fifo->name);
+        fail("npusim: launch {}: worker {} on tile {} released {} of the {} objects of fifo {}: {} would never finish",
+             l.name, l.workers[w].name, to_string(l.workers[w].tile), e->released, e->objects, e->name,
+             e->link ? "its consumers" : "the drain");
   };
-  // Workers only meet in DDR (disjoint regions for a correct mapping), so they run in
-  // parallel; contiguous chunks of workers per thread (util/parallel.h rethrows errors).
-  parallel_for(int64_t(l.workers.size()), im.threads, [&](int64_t b, int64_t e) {
-    for (int64_t w = b; w < e; ++w) run_worker(size_t(w));
-  });
+  if (links.empty()) {
+    // Workers only meet in DDR (disjoint regions for a correct mapping), so they run in
+    // parallel; contiguous chunks of workers per thread (util/parallel.h rethrows errors).
+    parallel_for(int64_t(l.workers.size()), im.threads, [&](int64_t b, int64_t e) {
+      for (int64_t w = b; w < e; ++w) run_worker(size_t(w));
+    });
+  } else {
+    // Workers wait on each other: each runs on its own thread, as each core runs on its own.
+    sched.running = int(l.workers.size());
+    std::vector<std::exception_ptr> errors(l.workers.size());
+    std::vector<std::thread> threads;
+    for (size_t w = 0; w < l.workers.size(); ++w)
+      threads.emplace_back([&, w] {
+        try {
+          run_worker(w);
+        } catch (...) {
+          errors[w] = std::current_exception();
+        }
+        sched.finished();
+      });
+    for (std::thread& t : threads) t.join();
+    // The first error that is not the deadlock report (its cause), else the report.
+    std::exception_ptr first;
+    for (const std::exception_ptr& e : errors) {
+      if (!e) continue;
+      try {
+        std::rethrow_exception(e);
+      } catch (const Error& x) {
+        if (std::string(x.what()).find(" deadlocks: ") == std::string::npos) std::rethrow_exception(e);
+        if (!first) first = e;
+      }
+    }
+    if (first) std::rethrow_exception(first);
+  }
   ++st.runs;
   ++im.launches;
 }

@@ -9,11 +9,15 @@
 // Data moves on demand: acquiring the j-th object of a fill fifo makes the DMA produce
 // exactly that object (element range [j*P, (j+1)*P) of the fifo's DDR stream, P = object
 // size, this end's slice of it); releasing the j-th object of a drain fifo writes it back.
-// Workers of a launch only talk to DDR through fifos, so they run in parallel on threads.
-// L1 slots and local buffers persist across calls per launch name (they are not cleared),
-// and host buffers of a Dispatch live in device memory between calls unless zero-copy.
-// Not modelled yet: worker-to-worker fifos and cascade (the engine refuses neither exists
-// in the vocabulary yet), L2 slot contents across calls (memory tiles pass objects through).
+// Workers of a launch that only talk to DDR run in parallel on threads. A launch with
+// worker-to-worker fifos (spatial.h: LinkFifo) runs each worker on its own thread, as each
+// core runs on its own: a producer waits for a free slot of its ring, a consumer for the
+// object it acquires, and a state in which every unfinished worker waits with none able to go
+// on is reported as a deadlock naming each worker's tile and what it waits for; holding more
+// objects than a fifo's depth is reported at once. L1 slots and local buffers persist across
+// calls per launch (state key), and host buffers of a Dispatch live in device memory between
+// calls unless zero-copy. Not modelled yet: cascade, memory-tile contents across launches
+// (memory tiles pass objects through).
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -178,6 +178,18 @@ nlohmann::json Launch::to_json() const {
   for (const auto& w : workers) j["workers"].push_back(npusim::to_json(w));
   j["fifos"] = nlohmann::json::array();
   for (const auto& f : fifos) j["fifos"].push_back(npusim::to_json(f));
+  if (!links.empty()) {
+    j["links"] = nlohmann::json::array();
+    for (const auto& f : links) {
+      nlohmann::json c = nlohmann::json::array();
+      for (const Tile& t : f.consumers) c.push_back({t.col, t.row});
+      nlohmann::json jl = {{"name", f.name},       {"type", elem_type_name(f.type)}, {"producer", {f.producer.col, f.producer.row}},
+                           {"consumers", c},       {"object_elems", f.object_elems}, {"objects", f.objects},
+                           {"depth", f.depth},     {"mem_depth", f.mem_depth}};
+      if (f.memtile) jl["memtile"] = {f.memtile->col, f.memtile->row};
+      j["links"].push_back(jl);
+    }
+  }
   return j;
 }
 

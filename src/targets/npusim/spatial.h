@@ -132,6 +132,26 @@ struct ObjectFifo {
   int64_t objects() const;          // stream_elements / object_elems
 };
 
+// A fifo between Workers of one launch (IRON: an ObjectFifo whose producer is a core):
+// the producer fills `objects` objects of `object_elems` elements one after another into a
+// ring of `depth` slots; every consumer sees every object (broadcast), directly or through a
+// memory tile's ring of `mem_depth` objects. A producer acquiring a slot waits until every
+// consumer released the object that held it; a consumer acquiring object j waits until the
+// producer released it. The engine runs the launch's workers concurrently and reports a
+// state in which every unfinished worker waits (a deadlock) with the tiles and fifos.
+struct LinkFifo {
+  std::string name;
+  ElemType type = ElemType::BF16;
+  Tile producer;
+  std::vector<Tile> consumers;
+  std::optional<Tile> memtile;
+  int64_t object_elems = 0;
+  int64_t objects = 0;  // per launch
+  int depth = 2;        // slots on each compute tile
+  int mem_depth = 2;    // slots in the memory tile
+  int64_t object_bytes() const { return object_elems * elem_bytes(type); }
+};
+
 // One launch of a herd: the unit the checker checks, the engine runs, the timing prices.
 struct Launch {
   std::string name;
@@ -139,6 +159,7 @@ struct Launch {
   int herd_cols = 0, herd_rows = 0;
   std::vector<Worker> workers;
   std::vector<ObjectFifo> fifos;
+  std::vector<LinkFifo> links;  // worker to worker
   std::string loop_order;  // free text: "for n-block: for k: A,B -> C" (describe() only)
 
   const Worker* worker_at(Tile t) const;

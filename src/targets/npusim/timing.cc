@@ -74,6 +74,15 @@ LaunchTiming time_launch(const Launch& l, const Device& d, const TimingOptions& 
                          slowest_end / chan_bytes_per_s + object_s;
     (fill ? fill_s : drain_s) = std::max(fill ? fill_s : drain_s, hop_s);
   }
+  for (const auto& f : l.links) {
+    // Tile to tile: the producer's outgoing leg and each consumer's incoming one (through a
+    // memory tile, its two legs as well); no DDR traffic.
+    const double leg_s = double(f.objects) * (double(f.object_bytes()) / chan_bytes_per_s + object_s);
+    chan[{f.producer, true, f.name}] += leg_s;
+    for (const Tile& c : f.consumers) chan[{c, false, f.name}] += leg_s;
+    if (f.memtile) chan[{*f.memtile, false, f.name}] += leg_s, chan[{*f.memtile, true, f.name}] += leg_s;
+    if (f.depth < 2) overlapped = false;
+  }
   double dma_s = 0;
   for (const auto& [c, s] : chan) {
     if (s > dma_s) {
