@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/weights.h"
+#include "pipeline/deploy.h"
 #include "model/presets.h"
 #include "targets/npusim/executor.h"
 #include "targets/npusim/npusim_runner.h"
@@ -19,6 +20,9 @@
 namespace tessera {
 namespace {
 
+using testing_support::deploy_options;
+using testing_support::ScratchDir;
+using testing_support::slurp;
 using testing_support::tiny_model;
 
 std::vector<int32_t> ids(int64_t n, int32_t seed) {
@@ -102,6 +106,22 @@ TEST(NpusimProgram, MergedDispatchWaitsForItsIntermediate) {
   }
 }
 
+// The naive prefill's attention gathers q on the host between its launches: merged into one
+// dispatch with the intermediates on the device, q must still reach the host.
+TEST(NpusimProgram, HostCodeInsideADispatchGetsItsInputsSynced) {
+  const ModelSpec spec = find_preset("Llama-3.2-1B").full;
+  const npusim::Device d = npusim::load_device("xdna2");
+  npusim::NpuPlan p = npusim::named_plan("naive");
+  npusim::PlanDispatch all{"layer", {}};
+  for (const npusim::PlanDispatch& x : p.prefill.layer) all.steps.insert(all.steps.end(), x.steps.begin(), x.steps.end());
+  p.prefill.layer = {all};
+  p.intermediates_on_device = true;
+  const npusim::Program prog = npusim::lower(p, spec, d, {false, 64, 0, 1});
+  const npusim::ProgramDispatch& layer = prog.dispatches[prog.find(Stage::Attention).dispatch];
+  EXPECT_EQ(layer.buffer("q")->buffer.sync, npusim::Sync::EveryCall);   // the host softmax's gather reads it
+  EXPECT_EQ(layer.buffer("x")->buffer.sync, npusim::Sync::DeviceOnly);  // read by the array only
+}
+
 // Without the wait the add reads `o` as the dispatch call began: on the first call never
 // written (poison), on later calls the previous call's O projection.
 TEST(NpusimProgram, DroppedWaitGivesThePreviousCallsIntermediate) {
@@ -140,6 +160,51 @@ TEST(NpusimProgram, DroppedWaitGivesThePreviousCallsIntermediate) {
   EXPECT_LT(worst_stale, 1e-5);
   EXPECT_LT(worst_clean, 1e-5);
   EXPECT_NE(b1.at("attn_residual"), seen[0][1].at("attn_residual"));
+}
+
+// A device-only buffer never reaches the host: with the lowering that forgets host readers,
+// the merged plan's decode leaves q, k, v on the device and the host's attention reads what
+// the host held before (the previous step's), so decode logits go wrong while prefill (whose
+// attention is on the array) is untouched.
+TEST(NpusimProgram, HostReadsWhatWasNeverSynced) {
+  const Model model = Model::open(tiny_model("SmolLM2-360M"));
+  TargetOptions o;
+  o.threads = 2;
+  o.plan_name = "merged";
+  NpuSimRunner clean(model, o);
+  o.faults = {"unsynced-handover"};
+  NpuSimRunner broken(model, o);
+  const npusim::Program p = *broken.program({true, 1, 6, 1});
+  const npusim::ProgramDispatch& first = p.dispatches[p.find(Stage::QkvProj).dispatch];
+  EXPECT_EQ(first.buffer("q")->buffer.sync, npusim::Sync::DeviceOnly);
+  EXPECT_EQ(clean.program({true, 1, 6, 1})->dispatches[p.find(Stage::QkvProj).dispatch].buffer("q")->buffer.sync,
+            npusim::Sync::EveryCall);
+  EXPECT_EQ(clean.forward(ids(6, 4), false), broken.forward(ids(6, 4), false));  // prefill: attention on the array
+  for (int step = 0; step < 2; ++step) {
+    const std::vector<float> a = clean.forward(ids(1, 5 + step), false), b = broken.forward(ids(1, 5 + step), false);
+    double diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, double(std::abs(a[i] - b[i])));
+    EXPECT_GT(diff, 1e-3) << "decode step " << step;
+  }
+}
+
+// The same fault through the pipeline: phase 2's block (prefill and decode steps) fails and
+// bisect names the projection whose outputs never reach the host.
+TEST(NpusimProgram, UnsyncedHandoverFailsPhaseTwo) {
+  ScratchDir out("npusim_unsynced");
+  DeployOptions o = deploy_options(tiny_model("SmolLM2-360M"), out.str("dep"), {"unsynced-handover"});
+  o.target = "npusim";
+  o.plan_name = "merged";
+  const DeployResult r = deploy(o);
+  EXPECT_FALSE(r.pass);
+  EXPECT_EQ(r.failed_phase, 2) << r.diagnosis;
+  const std::string issues = slurp(out.path() / "dep" / "issues.md");
+  EXPECT_NE(issues.find("bisect names stage 'qkv_proj'"), std::string::npos);
+  // The unsynced-handover skill confirms it by experiment and names the dispatch and the
+  // buffers RoPE leaves on the device.
+  EXPECT_TRUE(testing_support::names_cause(issues, "unsynced-handover")) << issues;
+  EXPECT_NE(issues.find("dispatch `layer.norm+qkv+rope` keeps buffers `k`, `q` on the device"), std::string::npos)
+      << issues;
 }
 
 }  // namespace

@@ -116,6 +116,10 @@ const std::vector<DebugSkill>& debug_skills() {
        "residual add (a phase 4/5 rewrite reverted by the gate)",
        "the merged dispatch's intermediate buffers: which are refreshed per call", {Stage::OProj, Stage::AttnResidual},
        nullptr, stale_intermediate},
+      {"unsynced-handover", "a producer right on the device whose consumer on the host sees other values (decode "
+       "scenarios; bisect names the producer)",
+       "which buffers a dispatch keeps on the device that host code reads next (the lowering's hand-overs)",
+       {Stage::QkvProj, Stage::Rope}, nullptr, unsynced_handover},
       {"lm-head", "the LM head's logits wrong (phase 1 lm_head row)", "which matrix the head reads; tie_word_embeddings",
        {Stage::LmHead}, nullptr, lm_head},
       {"mapping-refused", "the target refused a mapping (npusim checker)", "the refusal's tile and numbers; the mapping's tiles",

@@ -88,9 +88,9 @@ class StagedRunner : public ModelRunner {
   virtual void op_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) = 0;
   //   whether op_linears runs stage `s`'s linears as one kernel for a step of T tokens
   virtual bool fuses_linears(Stage s, int64_t T) const { return false; }
-  // Where the output of stage `from` reaches stage `to` inside one target call (a merged
-  // dispatch: "dispatch `layer.o+mlp`, buffer `o`"), for the debug skills to name; "" when
-  // the two never share a call.
+  // Where the output of stage `from` reaches stage `to` (a merged dispatch: "dispatch
+  // `layer.o+mlp`, buffer `o`"; a buffer a dispatch keeps on the device that host code reads
+  // next), for the debug skills to name; "" when nothing is handed over that way.
   virtual std::string handover(Stage from, Stage to, int64_t T) const { return ""; }
 
   // Test scaffolding hooks in from outside, never inside a kernel: a tap sees every stage's

@@ -80,6 +80,7 @@ struct ProgramExecutor::Call {
   // name -> buffer names; those launches read `at_begin`.
   std::map<std::string, std::set<std::string>> stale_reads;
   std::map<std::string, Buffer*> buffers;
+  std::set<std::string> written;  // buffers a launch of this call wrote
 };
 
 ProgramExecutor::ProgramExecutor(const Device& device, int threads) : engine_(device, threads) {
@@ -91,6 +92,7 @@ ProgramExecutor::~ProgramExecutor() = default;
 void ProgramExecutor::reset() {
   close(call_);
   side_.reset();
+  unsynced_.clear();
   engine_.reset();
   buffers_.clear();
   seen_instances_.clear();
@@ -241,14 +243,22 @@ void ProgramExecutor::run_call(Call& call, const LaunchCall& c, const Bindings& 
     Buffer& b = *bit->second;
     const bool reads = f.dir == FifoDir::Fill;
     if (auto h = args->host.find(name); h != args->host.end() && reads && !uploaded.count(name)) {
-      // The host changed the array since the device last saw it: write it to the device.
       if (h->second.elems != b.elems)
         fail("npusim executor: buffer '{}' holds {} elements, the host array {}", name, b.elems, h->second.elems);
       const size_t hh = hash_floats(h->second.data, b.elems);
-      if (!b.agreed || hh != b.host_hash) {
-        to_device(h->second.data, b.bytes.data(), b.type, b.elems);
-        b.host_hash = hh;
-        b.agreed = true;
+      if (call.written.count(name)) {
+        // Written earlier in this call: the device holds it; the host changed it since (a
+        // perturbation, the oracle's twin) only if its array no longer matches.
+        if (hh != b.host_hash) to_device(h->second.data, b.bytes.data(), b.type, b.elems), b.host_hash = hh;
+      } else {
+        // From the host: what the host's memory holds (stale if the producer never synced it).
+        const float* src = host_memory(name, h->second);
+        const size_t sh = src == h->second.data ? hh : hash_floats(src, b.elems);
+        if (!b.agreed || sh != b.host_hash) {
+          to_device(src, b.bytes.data(), b.type, b.elems);
+          b.host_hash = sh;
+          b.agreed = true;
+        }
       }
       uploaded.insert(name);
     }
@@ -290,17 +300,44 @@ void ProgramExecutor::run_call(Call& call, const LaunchCall& c, const Bindings& 
     if (cv->into)
       convert(cv->bytes.data(), cv->type, cv->into->bytes.data() + cv->offset * elem_bytes(cv->into->type),
               cv->into->type, cv->elems);
+  for (const std::string& name : c.writes()) call.written.insert(name);
   if (!args) return;
-  // What the launch wrote, shown to the host (not a sync: see executor.h).
+  // What the launch wrote, shown to the host (not a sync: see executor.h). A device-only
+  // buffer never reaches the host's memory: what the host held stays what a host reader gets.
+  const ProgramDispatch& d = call.program->dispatches[call.dispatch];
   for (const std::string& name : c.writes()) {
     auto h = args->host.find(name);
     auto bit = call.buffers.find(name);
     if (h == args->host.end() || bit == call.buffers.end()) continue;
     Buffer& b = *bit->second;
+    const ProgramBuffer* pb = d.buffer(name);
+    const bool synced = !pb || pb->buffer.sync != Sync::DeviceOnly;
+    auto u = unsynced_.find(name);
+    if (synced) {
+      if (u != unsynced_.end()) unsynced_.erase(u);
+    } else if (u == unsynced_.end() || hash_floats(h->second.data, h->second.elems) != u->second.shown_hash) {
+      unsynced_[name].host = std::vector<float>(h->second.data, h->second.data + h->second.elems);
+    }
     to_host(b.bytes.data(), b.type, h->second.data, b.elems);
     b.host_hash = hash_floats(h->second.data, b.elems);
     b.agreed = true;
+    if (!synced) unsynced_[name].shown_hash = b.host_hash;
   }
+}
+
+const float* ProgramExecutor::host_memory(const std::string& name, const HostArray& a) {
+  auto u = unsynced_.find(name);
+  if (u == unsynced_.end()) return a.data;
+  if (int64_t(u->second.host.size()) != a.elems || hash_floats(a.data, a.elems) != u->second.shown_hash) {
+    unsynced_.erase(u);  // the host wrote the array since: its memory is the array
+    return a.data;
+  }
+  return u->second.host.data();
+}
+
+void ProgramExecutor::host_reads(const std::string& name, float* data, int64_t elems) {
+  const float* m = host_memory(name, {data, elems});
+  if (m != data) std::copy_n(m, elems, data);
 }
 
 }  // namespace tessera::npusim

@@ -20,7 +20,9 @@
 // nothing on the device). Before a launch reads a buffer whose host array changed since the
 // device and the host last agreed (the host computed it: a host-placed stage, the oracle's
 // twin in a bisect, a perturbation), the host's values are written to the device first.
-// Syncs themselves are priced from the Program (Sync per buffer), not simulated as copies.
+// A buffer a launch wrote device-only never reaches the host's memory: a later dispatch that
+// takes it from the host, or host code (host_reads), gets what the host held before it.
+// Syncs are priced from the Program (Sync per buffer), not simulated as copies.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -69,6 +71,11 @@ class ProgramExecutor {
   // Marks step `where` as run on the host (its host work priced with its dispatch).
   void host_step(std::shared_ptr<const Program> program, Program::Where where, int64_t layer, bool priced = true);
 
+  // The host's memory behind `name`: a buffer last written device-only (never synced) holds,
+  // on the host, what the host had before, not what the debugger's view shows. host_reads
+  // puts that into the runner's array before host code reads it (a host step's inputs).
+  void host_reads(const std::string& name, float* data, int64_t elems);
+
   // Timing of the dispatch calls run since begin_pass: one entry per call, as they ran.
   void begin_pass();
   PassPrediction end_pass();
@@ -83,11 +90,19 @@ class ProgramExecutor {
   void close(std::unique_ptr<Call>& call);
   Buffer& device_buffer(const std::string& instance, const ProgramBuffer& b);
   void run_call(Call& call, const LaunchCall& c, const Bindings& direct, const StepArgs* args);
+  const float* host_memory(const std::string& name, const HostArray& a);
 
   Engine engine_;
   std::map<std::string, std::unique_ptr<Buffer>> buffers_;  // "instance/buffer"
   std::set<std::string> seen_instances_, seen_launches_;
   std::unique_ptr<Call> call_, side_;  // the pass's current dispatch call; a kernel program's
+  // Buffers last written device-only: the host's real memory and the hash of what the
+  // debugger's view showed (a different array means the host wrote it since).
+  struct Unsynced {
+    std::vector<float> host;
+    size_t shown_hash = 0;
+  };
+  std::map<std::string, Unsynced> unsynced_;
   PassPrediction pass_;
 };
 

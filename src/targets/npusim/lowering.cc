@@ -258,10 +258,16 @@ class Lowerer {
           }
         }
     }
+    // A step that runs host code inside the dispatch (the host softmax's gather of q) reads
+    // its inputs on the host: they are handed over too.
+    std::set<std::string> read_by_host = read_later;
+    for (const ProgramStep& st : pd.steps)
+      if (st.placement == Placement::NpuWithHostSoftmax)
+        for (const std::string& n : step_io(st.stage).in) read_by_host.insert(n);
     for (auto& [n, b] : bufs) {
       if (b.external) continue;
       if (b.buffer.from_device) {
-        const bool handed_over = read_later.count(n) > 0 || n == "h" || n == "logits";
+        const bool handed_over = read_by_host.count(n) > 0 || n == "h" || n == "logits";
         b.buffer.sync = (!handed_over && plan_.intermediates_on_device) ? Sync::DeviceOnly
                         : plan_.zero_copy                               ? Sync::ZeroCopy
                                                                         : Sync::EveryCall;
@@ -283,6 +289,7 @@ class Lowerer {
   }
 
   HostWork host_work(Stage st) const;
+  const LoweringFaults& faults() const { return faults_; }
 
  private:
   static bool has_npu(const ProgramDispatch& pd, Stage s) {
@@ -477,12 +484,13 @@ void lower_section(Program& prog, Lowerer& lw, const std::vector<PlanDispatch>& 
                    int64_t count, const std::vector<PlanDispatch>& later) {
   for (size_t i = 0; i < list.size(); ++i) {
     std::set<std::string> read_later;
-    for (size_t j = i + 1; j < list.size(); ++j)
-      for (const PlanStep& st : list[j].steps)
-        for (const std::string& n : step_io(st.stage).in) read_later.insert(n);
-    for (const PlanDispatch& ld : later)
+    auto readers = [&](const PlanDispatch& ld) {
       for (const PlanStep& st : ld.steps)
-        for (const std::string& n : step_io(st.stage).in) read_later.insert(n);
+        if (!(lw.faults().ignore_host_readers && st.placement == Placement::Host))
+          for (const std::string& n : step_io(st.stage).in) read_later.insert(n);
+    };
+    for (size_t j = i + 1; j < list.size(); ++j) readers(list[j]);
+    for (const PlanDispatch& ld : later) readers(ld);
     ProgramDispatch pd;
     pd.name = section + "." + list[i].name;
     pd.section = section;

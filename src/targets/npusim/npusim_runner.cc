@@ -29,6 +29,11 @@ const std::vector<FaultInfo>& npusim_faults() {
        "a dispatch that merges the O projection with the residual add is lowered without the add's wait for the "
        "projection's drain of buffer o, so the add reads o as the dispatch call began: the previous call's output "
        "(plans without that merge are unaffected: phase 4's gate catches the merge rewrite and reverts it)"},
+      {"unsynced-handover", "qkv_proj", 2,
+       "the lowering asks only the NPU's dispatches who reads a buffer next, so the q, k and v that the host's decode "
+       "attention reads stay device-only: the host reads what it held before (the merged plan's decode steps; bisect "
+       "names the projection whose output never reaches the host; plans whose decode attention runs on the array "
+       "are unaffected)"},
       {"l1-overflow", "qkv_proj", 1,
        "the projection's streamed tile is enlarged past the 64 KiB L1: the checker refuses the mapping with the numbers"},
       {"bd-exhaustion", "qkv_proj", 1,
@@ -106,6 +111,7 @@ NpuSimRunner::NpuSimRunner(const Model& model, const TargetOptions& options)
   if (f.any()) lowering_faults_.mapping["gemv"] = lowering_faults_.mapping["gemm"] = f;
   if (fault("stale-buffer")) lowering_faults_.mapping["rmsnorm"].stale_buffer = true;
   lowering_faults_.drop_o_wait = fault("merged-stale-intermediate");
+  lowering_faults_.ignore_host_readers = fault("unsynced-handover");
 }
 
 NpuSimRunner::~NpuSimRunner() = default;
@@ -200,8 +206,19 @@ std::string NpuSimRunner::handover(Stage from, Stage to, int64_t T) const {
   // buffer the consumer's launches read that the producer's write.
   const npusim::Program p = npusim::lower(plan_, spec(), device_, {T == 1, T, 0, 1}, lowering_faults_);
   const npusim::Program::Where a = p.find(from), b = p.find(to);
-  if (a.dispatch != b.dispatch || p.dispatches[a.dispatch].host) return "";
+  if (p.dispatches[a.dispatch].host) return "";
   const npusim::ProgramDispatch& d = p.dispatches[a.dispatch];
+  if (a.dispatch != b.dispatch) {
+    // Across dispatches to host code: what the producer leaves only on the device.
+    if (!p.dispatches[b.dispatch].host) return "";
+    std::set<std::string> kept;
+    for (const npusim::LaunchCall& c : d.steps[a.step].launches)
+      for (const std::string& n : c.writes())
+        if (const npusim::ProgramBuffer* pb = d.buffer(n); pb && pb->buffer.sync == npusim::Sync::DeviceOnly) kept.insert(n);
+    if (kept.empty()) return "";
+    return fmt::format("dispatch `{}` keeps buffer{} `{}` on the device (never synced) and the host's {} runs next", d.name,
+                       kept.size() > 1 ? "s" : "", fmt::join(kept, "`, `"), stage_name(to));
+  }
   std::set<std::string> written, shared;
   for (const npusim::LaunchCall& c : d.steps[a.step].launches)
     for (const std::string& n : c.writes()) written.insert(n);
@@ -334,6 +351,12 @@ std::string output_of(const std::string& weight) {
 }  // namespace
 
 // Host values a kernel reads in bf16 (norm weights, biases, the RoPE table), kept for the call.
+void NpuSimRunner::host_reads(const char* buffer, const float* data, int64_t n) {
+  // The runner's array is the host's memory: host code reads what the host really holds
+  // (a buffer the device kept to itself was never synced to it).
+  executor_->host_reads(buffer, const_cast<float*>(data), n);
+}
+
 const uint16_t* NpuSimRunner::bf16_copy(const float* p, int64_t n) {
   bf16_scratch_.emplace_back(size_t(n));
   for (int64_t i = 0; i < n; ++i) bf16_scratch_.back()[size_t(i)] = f32_to_bf16(p[i]);
@@ -358,7 +381,10 @@ void NpuSimRunner::kernel_embedding(const int32_t* ids, int64_t T, float* out) {
 
 void NpuSimRunner::kernel_rmsnorm(Stage which, int64_t, const float* w, const float* x, int64_t T, float* out) {
   const int64_t H = spec().hidden;
-  if (on_host(which, T, 0)) return oracle::rmsnorm(x, w, out, T, H, spec().rms_eps);
+  if (on_host(which, T, 0)) {
+    host_reads(which == Stage::FinalNorm ? "hf" : "h", x, T * H);
+    return oracle::rmsnorm(x, w, out, T, H, spec().rms_eps);
+  }
   npusim::StepArgs a;
   const bool head = which == Stage::FinalNorm;
   a.host[head ? "hf" : "h"] = host(x, T * H);
@@ -375,13 +401,14 @@ void NpuSimRunner::kernel_linear(Stage s, const float* x, int64_t T, const std::
 }
 
 void NpuSimRunner::kernel_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) {
+  const std::string in = s == Stage::OProj ? "attn" : s == Stage::DownProj ? "act" : s == Stage::LmHead ? "xf" : "x";
+  const int64_t K = weights_->get(outs[0].weight).cols;
   if (on_host(s, T, 0)) {
+    host_reads(in.c_str(), x, T * K);
     for (const LinearOut& o : outs) cpu::matmul(x, T, weights_->get(o.weight), o.bias, o.y, *host_pool_);
     return;
   }
   npusim::StepArgs a;
-  const std::string in = s == Stage::OProj ? "attn" : s == Stage::DownProj ? "act" : s == Stage::LmHead ? "xf" : "x";
-  const int64_t K = weights_->get(outs[0].weight).cols;
   a.host[in] = host(x, T * K);
   std::set<std::string> outputs;
   for (const LinearOut& o : outs) {
@@ -403,6 +430,8 @@ void NpuSimRunner::kernel_rope(int64_t l, float* q, float* k, int64_t T, int64_t
   const ModelSpec& s = spec();
   const LayerParams& L = layer(l);
   if (on_host(Stage::Rope, T, 0)) {
+    host_reads("q", q, T * s.q_dim());
+    host_reads("k", k, T * s.kv_dim());
     if (s.qk_norm) {
       oracle::rmsnorm(q, L.q_norm.data(), q, T * s.n_heads, s.head_dim, s.rms_eps);
       oracle::rmsnorm(k, L.k_norm.data(), k, T * s.n_kv_heads, s.head_dim, s.rms_eps);
@@ -450,6 +479,9 @@ void NpuSimRunner::kernel_kv_write(int64_t l, int64_t rel, const float* k, const
   if (!on_host(Stage::KvWrite, T, rel)) {
     npusim::StepArgs a;
     run(Stage::KvWrite, T, rel, a);
+  } else {
+    host_reads("k", k, T * spec().kv_dim());
+    host_reads("v", v, T * spec().kv_dim());
   }
   kv_store(l, rel, k, v, T);
 }
@@ -536,9 +568,11 @@ void NpuSimRunner::kernel_attention(int64_t l, const float* q, int64_t T, int64_
     case Placement::Host:
       host_calls_[Stage::Attention]++;
       executor_->host_step(r.program, r.where, current_layer(), r.priced);
+      host_reads("q", q, T * s.q_dim());
       return host_attention(l, q, T, rel, out);
     case Placement::NpuWithHostSoftmax:
       ++host_softmax_calls_;  // the products ran on the NPU, the softmax on the host
+      host_reads("q", q, T * s.q_dim());  // the host gathers the heads' queries
       return split_attention(r, l, q, T, rel, out);
     case Placement::Npu: break;
   }
@@ -552,7 +586,11 @@ void NpuSimRunner::kernel_attention(int64_t l, const float* q, int64_t T, int64_
 
 void NpuSimRunner::kernel_silu_mul(const float* gate, const float* up, int64_t T, float* out) {
   const int64_t n = T * spec().intermediate;
-  if (on_host(Stage::SiluMul, T, 0)) return oracle::silu_mul(gate, up, out, n);
+  if (on_host(Stage::SiluMul, T, 0)) {
+    host_reads("gate", gate, n);
+    host_reads("up", up, n);
+    return oracle::silu_mul(gate, up, out, n);
+  }
   npusim::StepArgs a;
   a.host["gate"] = host(gate, n);
   a.host["up"] = host(up, n);
@@ -563,6 +601,8 @@ void NpuSimRunner::kernel_silu_mul(const float* gate, const float* up, int64_t T
 void NpuSimRunner::kernel_add(Stage which, float* acc, const float* x, int64_t T) {
   const int64_t n = T * spec().hidden;
   if (on_host(which, T, 0)) {
+    host_reads("h", acc, n);
+    host_reads(which == Stage::AttnResidual ? "o" : "down", x, n);
     for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
     return;
   }

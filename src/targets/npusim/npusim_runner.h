@@ -108,6 +108,7 @@ class NpuSimRunner final : public LayeredRunner {
   // Whether the plan puts the stage on the host for this call (then counted and priced).
   bool on_host(Stage s, int64_t rows, int64_t context);
   const uint16_t* bf16_copy(const float* p, int64_t n);
+  void host_reads(const char* buffer, const float* data, int64_t n);
   bool fault(const char* name) const { return faults_.count(name) > 0; }  // its own mapping faults
   uint16_t* kv_layer(int64_t layer, int64_t rows_needed);
   void host_attention(int64_t layer, const float* q, int64_t T, int64_t rel, float* out);

@@ -116,6 +116,9 @@ struct LoweringFaults {
   // merged-stale-intermediate: in a dispatch that runs the O projection and the residual add
   // together, the add does not wait for the projection's drain of `o`.
   bool drop_o_wait = false;
+  // A lowering that asks only the NPU's dispatches who reads a buffer next: what a host step
+  // reads (decode attention on the host) is kept device-only, never synced to the host.
+  bool ignore_host_readers = false;
   MappingFaults for_op(const std::string& op) const;
 };
 
