@@ -40,6 +40,15 @@ void expect_same_timing(const npusim::PassPrediction& run, const npusim::PassPre
   EXPECT_GT(dry.total_us, 0) << what;
 }
 
+// The merged plan on 2 threads, with the target's own faults.
+TargetOptions merged_options(FaultSet faults = {}) {
+  TargetOptions o;
+  o.threads = 2;
+  o.plan_name = "merged";
+  o.faults = std::move(faults);
+  return o;
+}
+
 struct Case {
   std::string preset, plan;
 };
@@ -126,12 +135,7 @@ TEST(NpusimProgram, HostCodeInsideADispatchGetsItsInputsSynced) {
 // written (poison), on later calls the previous call's O projection.
 TEST(NpusimProgram, DroppedWaitGivesThePreviousCallsIntermediate) {
   const Model model = Model::open(tiny_model("SmolLM2-360M"));
-  TargetOptions o;
-  o.threads = 2;
-  o.plan_name = "merged";
-  NpuSimRunner clean(model, o);
-  o.faults = {"merged-stale-intermediate"};
-  NpuSimRunner broken(model, o);
+  NpuSimRunner clean(model, merged_options()), broken(model, merged_options({"merged-stale-intermediate"}));
   const int64_t H = model.spec().hidden;
   std::map<std::string, std::vector<float>> seen[2][2];  // runner, call
   for (int call = 0; call < 2; ++call)
@@ -168,12 +172,7 @@ TEST(NpusimProgram, DroppedWaitGivesThePreviousCallsIntermediate) {
 // attention is on the array) is untouched.
 TEST(NpusimProgram, HostReadsWhatWasNeverSynced) {
   const Model model = Model::open(tiny_model("SmolLM2-360M"));
-  TargetOptions o;
-  o.threads = 2;
-  o.plan_name = "merged";
-  NpuSimRunner clean(model, o);
-  o.faults = {"unsynced-handover"};
-  NpuSimRunner broken(model, o);
+  NpuSimRunner clean(model, merged_options()), broken(model, merged_options({"unsynced-handover"}));
   const npusim::Program p = *broken.program({true, 1, 6, 1});
   const npusim::ProgramDispatch& first = p.dispatches[p.find(Stage::QkvProj).dispatch];
   EXPECT_EQ(first.buffer("q")->buffer.sync, npusim::Sync::DeviceOnly);

@@ -109,12 +109,6 @@ int64_t layer_of(const std::string& weight) {
   if (!weight.starts_with(prefix)) return -1;
   return std::strtoll(weight.c_str() + prefix.size(), nullptr, 10);
 }
-// The short name of a projection's output ("q", "k", "v", "o", "gate", "up", "down"), or "".
-const char* output_name(const std::string& weight) {
-  for (const char* n : {"q", "k", "v", "o", "gate", "up", "down"})
-    if (weight.find(std::string(".") + n + "_proj.") != std::string::npos) return n;
-  return "";
-}
 }  // namespace
 
 void LayeredRunner::op_embedding(const int32_t* ids, int64_t T, float* out) {
@@ -147,7 +141,7 @@ void LayeredRunner::op_linear(Stage s, const float* x, int64_t T, const std::str
   } else {
     kernel_linear(s, x, T, weight, b, y);
   }
-  if (tap_) tap(s, s == Stage::LmHead ? -1 : layer_of(weight), T, output_name(weight), y, T, model_.get(weight).rows());
+  if (tap_) tap(s, s == Stage::LmHead ? -1 : layer_of(weight), T, projection_output(weight), y, T, model_.get(weight).rows());
 }
 
 void LayeredRunner::op_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) {
@@ -160,7 +154,7 @@ void LayeredRunner::op_linears(Stage s, const float* x, int64_t T, std::span<con
   if (!tap_) return;  // the names and shapes below are looked up for a tap only: not on the hot path
   const bool fused = !by_oracle(s) && fuses_linears(s, T);
   for (const LinearOut& o : outs)
-    tap(s, layer_of(o.weight), T, output_name(o.weight), o.y, T, model_.get(o.weight).rows(), fused);
+    tap(s, layer_of(o.weight), T, projection_output(o.weight), o.y, T, model_.get(o.weight).rows(), fused);
 }
 
 void LayeredRunner::op_rope(int64_t l, float* q, float* k, int64_t T, int64_t pos) {
@@ -229,6 +223,12 @@ void LayeredRunner::op_add(Stage which, float* acc, const float* x, int64_t T) {
     for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
   }
   tap(which, -2, T, "", acc, T, spec().hidden);
+}
+
+const char* LayeredRunner::projection_output(const std::string& weight) {
+  for (const char* n : {"q", "k", "v", "o", "gate", "up", "down"})
+    if (weight.find(std::string(".") + n + "_proj.") != std::string::npos) return n;
+  return "";
 }
 
 // --- the forward pass ----------------------------------------------------------------------

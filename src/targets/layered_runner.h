@@ -99,6 +99,9 @@ class LayeredRunner : public StagedRunner {
   // head does not run). A target may lower, group or price the pass it is about to run.
   virtual void begin_pass(int64_t T, int64_t head_rows) {}
   virtual void end_pass() {}
+  // The short name of a projection's output ("q", "k", "v", "o", "gate", "up", "down"), or ""
+  // (the probe and tap names; npusim's buffer names).
+  static const char* projection_output(const std::string& weight);
   // The layer run_layer is in (0 for phase 1's direct op_* calls).
   int64_t current_layer() const { return current_layer_; }
 

@@ -353,17 +353,8 @@ class Lowerer {
       if (f.dma_oversubscribed) detail::oversubscribe_dma(l, o.x);
       push(std::move(l), {{"W", w}, {"X", x}, {"Y", y}});
     } else {
-      const MappingFaults f = faults_.for_op("gemm");
-      const GemmPlan p = default_gemm_plan(m, K, N, d_, ElemType::F32);
-      GemmOptions o;
-      o.name = y;
-      o.c_type = ElemType::F32;
-      o.b_nk = !f.transposed_pattern;  // the fault walks W as if it were [K, N]
-      Launch l = gemm_launch(p.shape, p.tiles, p.herd, d_, o);
-      for (ObjectFifo& fi : l.fifos)
-        if (fi.tensor == o.a) detail::apply_fifo_faults(fi, f, d_);
-      if (f.dma_oversubscribed) detail::oversubscribe_dma(l, o.a);
-      push(std::move(l), {{o.a, x}, {o.b, w}, {o.c, y}});
+      const GemmOptions o = gemm_options(y);
+      push(gemm(m, K, N, o), {{o.a, x}, {o.b, w}, {o.c, y}});
     }
     if (bias) {
       const RowShape rs{m, N};
@@ -372,6 +363,26 @@ class Lowerer {
       push(row_launch(RowOp::BiasAdd, rs, default_row_tiles(RowOp::BiasAdd, rs, d_), d_, o),
            {{"X", y}, {"G", "b." + y}, {"Y", y}});
     }
+  }
+
+  // A GEMM's options: fp32 out of the accumulator; the gemm faults walk B as if it were [K, N].
+  GemmOptions gemm_options(std::string name) const {
+    GemmOptions o;
+    o.name = std::move(name);
+    o.c_type = ElemType::F32;
+    o.b_nk = !faults_.for_op("gemm").transposed_pattern;
+    return o;
+  }
+  // y[m, N] = A[m, K] B[N, K]^T on the default tiles, M padded to whole tiles; the gemm
+  // faults on A's fifo.
+  Launch gemm(int64_t m, int64_t K, int64_t N, const GemmOptions& o) const {
+    const MappingFaults f = faults_.for_op("gemm");
+    const GemmPlan p = default_gemm_plan(m, K, N, d_, ElemType::F32);
+    Launch l = gemm_launch(p.shape, p.tiles, p.herd, d_, o);
+    for (ObjectFifo& fi : l.fifos)
+      if (fi.tensor == o.a) detail::apply_fifo_faults(fi, f, d_);
+    if (f.dma_oversubscribed) detail::oversubscribe_dma(l, o.a);
+    return l;
   }
 
   void rope(int64_t heads, const std::string& x) {
@@ -411,18 +422,9 @@ class Lowerer {
       for (const auto& [what, K, N, a, b, c] :
            {std::tuple{"scores", hd, cp, "split.q", "split.keys", "split.scores"},
             std::tuple{"context", cp, hd, "split.probs", "split.values", "split.context"}}) {
-        const GemmPlan p = default_gemm_plan(T, K, N, d_, ElemType::F32);
-        const int64_t Mp = p.shape.M;
-        const MappingFaults f = faults_.for_op("gemm");
-        GemmOptions o;
-        o.name = fmt::format("{}.{}", what, h);
-        o.c_type = ElemType::F32;
-        o.b_nk = !f.transposed_pattern;
-        Launch l = gemm_launch(p.shape, p.tiles, p.herd, d_, o);
-        for (ObjectFifo& fi : l.fifos)
-          if (fi.tensor == o.a) detail::apply_fifo_faults(fi, f, d_);
-        if (f.dma_oversubscribed) detail::oversubscribe_dma(l, o.a);
-        push(std::move(l), {{o.a, a}, {o.b, b}, {o.c, c}},
+        const int64_t Mp = default_gemm_plan(T, K, N, d_, ElemType::F32).shape.M;
+        const GemmOptions o = gemm_options(fmt::format("{}.{}", what, h));
+        push(gemm(T, K, N, o), {{o.a, a}, {o.b, b}, {o.c, c}},
              {{o.a, h * Mp * K}, {o.b, (h / group) * K * N}, {o.c, h * Mp * N}});
       }
     }

@@ -340,14 +340,6 @@ npusim::DdrTensor bf16_view(const uint16_t* p, int64_t n) { return npusim::DdrTe
 
 npusim::HostArray host(const float* p, int64_t n) { return {const_cast<float*>(p), n}; }
 
-// The short name of a projection's output ("q", "k", "v", "o", "gate", "up", "down"): the
-// Program's buffer names.
-std::string output_of(const std::string& weight) {
-  for (const char* n : {"q", "k", "v", "o", "gate", "up", "down"})
-    if (weight.find(std::string(".") + n + "_proj.") != std::string::npos) return n;
-  return "logits";
-}
-
 }  // namespace
 
 // Host values a kernel reads in bf16 (norm weights, biases, the RoPE table), kept for the call.
@@ -410,16 +402,22 @@ void NpuSimRunner::kernel_linears(Stage s, const float* x, int64_t T, std::span<
   }
   npusim::StepArgs a;
   a.host[in] = host(x, T * K);
+  // The Program adds a bias where the checkpoint has one; a caller that hands none (a
+  // dropped bias) gets zeros added.
+  const ModelSpec& sp = spec();
+  const bool lowered_bias = s == Stage::QkvProj ? sp.qkv_bias : s == Stage::OProj ? sp.o_bias
+                            : s == Stage::LmHead ? false : sp.mlp_bias;
   std::set<std::string> outputs;
   for (const LinearOut& o : outs) {
     const Bf16Matrix& w = weights_->get(o.weight);
-    const std::string y = output_of(o.weight);
+    const std::string y = s == Stage::LmHead ? "logits" : projection_output(o.weight);
     a.host[y] = host(o.y, T * w.rows);
     a.external[s == Stage::LmHead ? "w.lm_head" : "w." + y] = bf16_view(w.data, w.rows * w.cols);
-    // A plan lowered with a bias its caller does not hand (a dropped bias) adds zeros.
-    std::vector<float> zeros;
-    if (!o.bias) zeros.assign(size_t(w.rows), 0.0f);
-    a.external["b." + y] = bf16_view(bf16_copy(o.bias ? o.bias : zeros.data(), w.rows), w.rows);
+    if (lowered_bias) {
+      std::vector<float> zeros;
+      if (!o.bias) zeros.assign(size_t(w.rows), 0.0f);
+      a.external["b." + y] = bf16_view(bf16_copy(o.bias ? o.bias : zeros.data(), w.rows), w.rows);
+    }
     outputs.insert(y);
   }
   run(s, T, 0, a, outputs);
@@ -510,7 +508,7 @@ void NpuSimRunner::host_attention(int64_t l, const float* q, int64_t T, int64_t 
 // the Program lists them), the scaled, masked softmax on the host in fp32 between them.
 void NpuSimRunner::split_attention(const StepRef& r, int64_t l, const float* q, int64_t T, int64_t rel, float* out) {
   const ModelSpec& s = spec();
-  const int64_t hd = s.head_dim, KV = s.kv_dim(), ctx = rel + T, group = s.n_heads / s.n_kv_heads;
+  const int64_t hd = s.head_dim, KV = s.kv_dim(), ctx = rel + T;
   const npusim::ProgramDispatch& d = r.program->dispatches[r.where.dispatch];
   // The host buffers as the Program sizes them (every head's operands side by side).
   std::map<std::string, std::vector<uint8_t>> mem;
@@ -558,7 +556,6 @@ void NpuSimRunner::split_attention(const StepRef& r, int64_t l, const float* q, 
     executor_->run_launch(r.program, r.where, current_layer(), size_t(2 * h + 1), b, r.priced);
     for (int64_t t = 0; t < T; ++t) std::copy_n(cx + h * mp * hd + t * hd, hd, out + t * s.q_dim() + h * hd);
   }
-  (void)group;
 }
 
 void NpuSimRunner::kernel_attention(int64_t l, const float* q, int64_t T, int64_t rel, float* out) {
