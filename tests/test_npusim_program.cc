@@ -11,10 +11,12 @@
 #include "io/weights.h"
 #include "pipeline/deploy.h"
 #include "model/presets.h"
+#include "targets/npusim/checker.h"
 #include "targets/npusim/executor.h"
 #include "targets/npusim/npusim_runner.h"
 #include "targets/npusim/predict.h"
 #include "targets/npusim/program.h"
+#include "targets/npusim/timing.h"
 #include "test_support.h"
 
 namespace tessera {
@@ -129,6 +131,87 @@ TEST(NpusimProgram, HostCodeInsideADispatchGetsItsInputsSynced) {
   const npusim::ProgramDispatch& layer = prog.dispatches[prog.find(Stage::Attention).dispatch];
   EXPECT_EQ(layer.buffer("q")->buffer.sync, npusim::Sync::EveryCall);   // the host softmax's gather reads it
   EXPECT_EQ(layer.buffer("x")->buffer.sync, npusim::Sync::DeviceOnly);  // read by the array only
+}
+
+// The merged decode's intermediates live in the memory tiles: buffers share bytes only when
+// their live ranges do not overlap (and some do share), the arena fits beside what the
+// launches stage there, and their fifos stream from L2 (no DDR bytes, no shim leg).
+TEST(NpusimProgram, IntermediatesShareMemoryTilesOnlyWhenTheirLiveRangesDoNot) {
+  const Model model = Model::open(tiny_model("SmolLM2-360M"));
+  NpuSimRunner r(model, merged_options());
+  const npusim::Program p = *r.program({true, 1, 6, 1});
+  const npusim::ProgramDispatch& d = p.dispatches[p.find(Stage::SiluMul).dispatch];
+  const npusim::Device& dev = r.device();
+  int64_t sum = 0;
+  int in_l2 = 0, shared = 0;
+  for (const npusim::ProgramBuffer& a : d.buffers) {
+    if (!a.in_l2) continue;
+    ++in_l2;
+    EXPECT_EQ(a.buffer.sync, npusim::Sync::DeviceOnly) << a.buffer.name;
+    const int64_t abytes = a.device_elems * npusim::elem_bytes(a.buffer.type);
+    sum += abytes;
+    EXPECT_LE(a.l2_offset + abytes, d.l2_arena_bytes) << a.buffer.name;
+    for (const npusim::ProgramBuffer& b : d.buffers) {
+      if (!b.in_l2 || &a == &b) continue;
+      const int64_t bbytes = b.device_elems * npusim::elem_bytes(b.buffer.type);
+      if (a.l2_offset < b.l2_offset + bbytes && b.l2_offset < a.l2_offset + abytes) {
+        ++shared;
+        EXPECT_TRUE(a.live.second < b.live.first || b.live.second < a.live.first) << a.buffer.name << " and " << b.buffer.name;
+      }
+    }
+  }
+  EXPECT_GE(in_l2, 4);
+  EXPECT_GT(shared, 0) << "no intermediate reuses another's bytes";
+  EXPECT_LT(d.l2_arena_bytes, sum);
+  EXPECT_LE(d.l2_arena_bytes, int64_t(dev.columns) * dev.l2_bytes);
+  int l2_fifos = 0;
+  for (const npusim::ProgramStep& st : d.steps)
+    for (const npusim::LaunchCall& c : st.launches) {
+      EXPECT_TRUE(npusim::check(c.launch, dev).empty()) << c.launch.name << ": " << npusim::describe(npusim::check(c.launch, dev));
+      npusim::Launch from_ddr = c.launch;
+      int64_t l2_bytes = 0;
+      for (npusim::ObjectFifo& f : from_ddr.fifos) {
+        if (!f.l2_side) continue;
+        ++l2_fifos;
+        l2_bytes += f.stream_elements() * npusim::elem_bytes(f.type);
+        f.l2_side = false;
+      }
+      EXPECT_EQ(npusim::time_launch(from_ddr, dev, {}).ddr_bytes - npusim::time_launch(c.launch, dev, {}).ddr_bytes, l2_bytes)
+          << c.launch.name;
+    }
+  EXPECT_GT(l2_fifos, 0);
+  // The same plan with every intermediate in DDR computes the same numbers.
+  nlohmann::json plan = r.build_plan(model);
+  npusim::NpuPlan in_ddr = npusim::plan_from_json(plan["npusim"]["plan"]);
+  in_ddr.intermediates_on_device = false;
+  plan["npusim"]["plan"] = in_ddr.to_json();
+  TargetOptions o = merged_options();
+  o.plan = plan;
+  NpuSimRunner ddr(model, o);
+  EXPECT_EQ(r.forward(ids(6, 3), false), ddr.forward(ids(6, 3), false));
+  EXPECT_EQ(r.forward(ids(1, 4), false), ddr.forward(ids(1, 4), false));
+}
+
+// An allocator that forgets a buffer's readers lets a later intermediate of the merged decode
+// dispatch take the bytes of one still to be read (x under gate, gate under up): the
+// executor's shared bytes give wrong numbers, and the target names the buffers that share
+// memory while live.
+TEST(NpusimProgram, ReuseWhileLiveOverwritesAnInputThroughTheExecutor) {
+  const Model model = Model::open(tiny_model("SmolLM2-360M"));
+  NpuSimRunner clean(model, merged_options()), broken(model, merged_options({"reuse-while-live"}));
+  std::string where;
+  for (const Stage st : {Stage::OProj, Stage::AttnResidual, Stage::MlpNorm, Stage::GateUpProj, Stage::SiluMul,
+                         Stage::DownProj, Stage::MlpResidual}) {
+    EXPECT_EQ(clean.shared_memory(st, 1), "") << stage_name(st);
+    where += broken.shared_memory(st, 1);
+  }
+  EXPECT_NE(where.find("dispatch `layer.o+mlp`: buffer `"), std::string::npos) << where;
+  EXPECT_NE(where.find(") is overwritten by `"), std::string::npos) << where;
+  EXPECT_EQ(clean.forward(ids(6, 3), false).size(), broken.forward(ids(6, 3), false).size());
+  const std::vector<float> a = clean.forward(ids(1, 4), false), b = broken.forward(ids(1, 4), false);
+  double diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::isfinite(b[i]) ? double(std::abs(a[i] - b[i])) : 1e30);
+  EXPECT_GT(diff, 1e-3);
 }
 
 // Without the wait the add reads `o` as the dispatch call began: on the first call never

@@ -166,6 +166,30 @@ TEST(Optimize, NpusimMergeThatBreaksTheNumbersIsReverted) {
   EXPECT_FALSE(np.shares_dispatch(Stage::OProj, Stage::AttnResidual, true));
 }
 
+// The buffer-reuse rewrite with an allocator that ends live ranges at the producer (the O
+// projection writes o over the attention output it still reads): phase 4's gate fails
+// through the executor's shared memory-tile bytes, the rewrite is reverted, and the
+// reused-live-buffer skill names the dispatch and the two buffers.
+TEST(Optimize, NpusimReuseWhileLiveIsReverted) {
+  ScratchDir out("opt_npu_reuse");
+  DeployOptions o = from_plan("npusim", "baseline", "Llama-3.2-1B", out.str("dep"), {"reuse-while-live"});
+  const DeployResult r = deploy(o);
+  ASSERT_TRUE(r.pass) << "phase " << r.failed_phase << ": " << r.diagnosis;
+  const fs::path dep = out.path() / "dep";
+  bool reverted = false;
+  for (const auto& [skill, result] : steps(dep, 4))
+    if (skill == "buffer-reuse" && result.starts_with("reverted: the gate failed")) {
+      reverted = true;
+      EXPECT_TRUE(result.ends_with("(named cause: reuse-while-live)")) << result;
+    }
+  EXPECT_TRUE(reverted);
+  const std::string issues = slurp(dep / "issues.md");
+  EXPECT_NE(issues.find("buffer `attn`"), std::string::npos) << issues;
+  EXPECT_NE(issues.find("overwritten by `o`"), std::string::npos) << issues;
+  const npusim::NpuPlan np = npusim::plan_from_json(read_json_file(dep / "plan.json")["npusim"]["plan"]);
+  EXPECT_FALSE(np.intermediates_on_device);
+}
+
 // --from-phase 4 starts again from the plan phases 1-3 validated, not from the one phase 6 froze.
 TEST(Optimize, FromPhase4StartsFromTheValidatedPlan) {
 #ifdef TESSERA_SANITIZED

@@ -120,6 +120,11 @@ const std::vector<DebugSkill>& debug_skills() {
        "scenarios; bisect names the producer)",
        "which buffers a dispatch keeps on the device that host code reads next (the lowering's hand-overs)",
        {Stage::QkvProj, Stage::Rope}, nullptr, unsynced_handover},
+      {"reused-live-buffer", "a stage of a merged dispatch right by itself and wrong in the pass (a phase 4/5 rewrite "
+       "that keeps intermediates on the device, reverted by the gate)",
+       "the dispatch's memory-tile buffers: which share bytes, and their live ranges",
+       {Stage::OProj, Stage::AttnResidual, Stage::MlpNorm, Stage::GateUpProj, Stage::SiluMul, Stage::DownProj}, nullptr,
+       reused_live_buffer},
       {"lm-head", "the LM head's logits wrong (phase 1 lm_head row)", "which matrix the head reads; tie_word_embeddings",
        {Stage::LmHead}, nullptr, lm_head},
       {"mapping-refused", "the target refused a mapping (npusim checker)", "the refusal's tile and numbers; the mapping's tiles",

@@ -57,6 +57,7 @@ std::vector<Hypothesis> kv_cache_state(PhaseContext& ctx, const Failure& f);
 std::vector<Hypothesis> stale_operand(PhaseContext& ctx, const Failure& f);
 std::vector<Hypothesis> stale_intermediate(PhaseContext& ctx, const Failure& f);
 std::vector<Hypothesis> unsynced_handover(PhaseContext& ctx, const Failure& f);
+std::vector<Hypothesis> reused_live_buffer(PhaseContext& ctx, const Failure& f);
 std::vector<Hypothesis> lm_head(PhaseContext& ctx, const Failure& f);
 std::vector<Hypothesis> prompt_ids(PhaseContext& ctx, const Failure& f);
 std::vector<Hypothesis> dispatch_overhead(PhaseContext& ctx, const Failure& f);

@@ -92,6 +92,11 @@ class StagedRunner : public ModelRunner {
   // `layer.o+mlp`, buffer `o`"; a buffer a dispatch keeps on the device that host code reads
   // next), for the debug skills to name; "" when nothing is handed over that way.
   virtual std::string handover(Stage from, Stage to, int64_t T) const { return ""; }
+  // Which inputs of `consumer` share device memory with a buffer written while they are still
+  // to be read (an intermediate reused while live: "dispatch `layer.o+mlp`: buffer `gate`
+  // (L2 bytes 4096-36864) is overwritten by `up` (launch 4) before launch 5 reads it"), for the
+  // debug skills to name; "" when none.
+  virtual std::string shared_memory(Stage consumer, int64_t T) const { return ""; }
 
   // Test scaffolding hooks in from outside, never inside a kernel: a tap sees every stage's
   // output as the forward pass (or an op_* call) produced it, and may change it (the

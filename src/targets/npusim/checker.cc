@@ -34,11 +34,21 @@ std::vector<TileUsage> tile_usage(const Launch& l, const Device& d) {
   };
   for (const auto& f : l.fifos) {
     const bool fill = f.dir == FifoDir::Fill;
-    auto& shim = at(f.shim);
-    (fill ? shim.mm2s : shim.s2mm) += 1;
-    for (const auto& p : f.ddr) shim.bds += int(pattern_bds(p, d));
     const int legs = (f.kind == FifoKind::Split || f.kind == FifoKind::Join) ? int(f.ends.size()) : 1;
-    if (f.memtile) {
+    if (f.l2_side) {
+      // The memory tile walks the buffer it holds: its BDs carry the DDR-side patterns, one
+      // channel per leg towards the compute tiles; no shim leg, no ring (the buffer is the
+      // dispatch's, counted by the lowering's L2 arena).
+      auto& m = at(f.l2_tile(d.mem_row));
+      for (const auto& p : f.ddr) m.bds += int(pattern_bds(p, d));
+      (fill ? m.mm2s : m.s2mm) += legs;
+      m.locks += 2 * legs;
+    } else {
+      auto& shim = at(f.shim);
+      (fill ? shim.mm2s : shim.s2mm) += 1;
+      for (const auto& p : f.ddr) shim.bds += int(pattern_bds(p, d));
+    }
+    if (f.memtile && !f.l2_side) {
       auto& m = at(*f.memtile);
       add_mem(m, f.mem_depth * f.mem_object_bytes(), bytes_term(f.name, f.mem_depth, f.mem_object_bytes()));
       // One channel (and its BD ring and lock pair) towards the shim, one per leg towards

@@ -62,7 +62,9 @@ Launch patch_ids(const Launch& l, const std::string& table_tensor, std::span<con
 struct ProgramExecutor::Buffer {
   ElemType type = ElemType::BF16;
   int64_t elems = 0;             // host-visible part
-  std::vector<uint8_t> bytes;    // device_elems
+  std::vector<uint8_t> own;      // a DDR buffer's bytes (device_elems)
+  uint8_t* data = nullptr;       // `own`, or the buffer's slice of its dispatch's L2 arena
+  int64_t size = 0;              // bytes
   std::vector<uint8_t> at_begin;  // the buffer as the current dispatch call began (for reads without a wait)
   size_t host_hash = 0;          // the host array's content when host and device last agreed
   bool agreed = false;
@@ -95,6 +97,7 @@ void ProgramExecutor::reset() {
   unsynced_.clear();
   engine_.reset();
   buffers_.clear();
+  l2_.clear();
   seen_instances_.clear();
   seen_launches_.clear();
 }
@@ -125,17 +128,34 @@ void ProgramExecutor::close(std::unique_ptr<Call>& call) {
   call.reset();
 }
 
-ProgramExecutor::Buffer& ProgramExecutor::device_buffer(const std::string& instance, const ProgramBuffer& pb) {
+ProgramExecutor::Buffer& ProgramExecutor::device_buffer(const std::string& instance, const ProgramDispatch& d,
+                                                        const ProgramBuffer& pb) {
   std::unique_ptr<Buffer>& b = buffers_[instance + "/" + pb.buffer.name];
-  const int64_t es = elem_bytes(pb.buffer.type);
-  if (!b || b->type != pb.buffer.type || b->elems != pb.buffer.elems ||
-      int64_t(b->bytes.size()) != pb.device_elems * es) {
+  const int64_t es = elem_bytes(pb.buffer.type), size = pb.device_elems * es;
+  if (pb.in_l2) {
+    // A slice of the dispatch's arena, shared with the buffers the lowering let reuse it:
+    // poison until something writes it (its padding rows too: no kernel mixes rows).
+    std::vector<uint8_t>& arena = l2_[instance];
+    if (int64_t(arena.size()) != d.l2_arena_bytes) arena.assign(size_t(d.l2_arena_bytes), kPoison);
+    if (pb.l2_offset + size > int64_t(arena.size()))
+      fail("npusim executor: buffer '{}' at L2 offset {} ({} B) is past its dispatch's arena of {} B", pb.buffer.name,
+           pb.l2_offset, size, arena.size());
+    if (!b || b->own.size()) b = std::make_unique<Buffer>();
+    b->type = pb.buffer.type;
+    b->elems = pb.buffer.elems;
+    b->data = arena.data() + pb.l2_offset;
+    b->size = size;
+    return *b;
+  }
+  if (!b || b->type != pb.buffer.type || b->elems != pb.buffer.elems || int64_t(b->own.size()) != size) {
     // (Re)allocated for this shape: the host-visible part poison until written, the padding zero.
     b = std::make_unique<Buffer>();
     b->type = pb.buffer.type;
     b->elems = pb.buffer.elems;
-    b->bytes.assign(size_t(pb.device_elems * es), 0);
-    std::memset(b->bytes.data(), kPoison, size_t(pb.buffer.elems * es));
+    b->own.assign(size_t(size), 0);
+    std::memset(b->own.data(), kPoison, size_t(pb.buffer.elems * es));
+    b->data = b->own.data();
+    b->size = size;
   }
   return *b;
 }
@@ -162,7 +182,7 @@ ProgramExecutor::Call& ProgramExecutor::enter(std::shared_ptr<const Program> pro
   if (d.host) return *call;
   // The call's device buffers, and the snapshot a read without a wait sees.
   for (const ProgramBuffer& pb : d.buffers)
-    if (!pb.external) call->buffers[pb.buffer.name] = &device_buffer(call->instance, pb);
+    if (!pb.external) call->buffers[pb.buffer.name] = &device_buffer(call->instance, d, pb);
   std::set<std::string> written;
   for (const ProgramStep& st : d.steps)
     for (const LaunchCall& c : st.launches) {
@@ -170,7 +190,7 @@ ProgramExecutor::Call& ProgramExecutor::enter(std::shared_ptr<const Program> pro
         if (written.count(n) && !c.waits.count(n) && call->buffers.count(n)) {
           call->stale_reads[c.launch.name].insert(n);
           Buffer& b = *call->buffers[n];
-          b.at_begin = b.bytes;
+          b.at_begin.assign(b.data, b.data + b.size);
         }
       for (const std::string& n : c.writes()) written.insert(n);
     }
@@ -249,21 +269,21 @@ void ProgramExecutor::run_call(Call& call, const LaunchCall& c, const Bindings& 
       if (call.written.count(name)) {
         // Written earlier in this call: the device holds it; the host changed it since (a
         // perturbation, the oracle's twin) only if its array no longer matches.
-        if (hh != b.host_hash) to_device(h->second.data, b.bytes.data(), b.type, b.elems), b.host_hash = hh;
+        if (hh != b.host_hash) to_device(h->second.data, b.data, b.type, b.elems), b.host_hash = hh;
       } else {
         // From the host: what the host's memory holds (stale if the producer never synced it).
         const float* src = host_memory(name, h->second);
         const size_t sh = src == h->second.data ? hh : hash_floats(src, b.elems);
         if (!b.agreed || sh != b.host_hash) {
-          to_device(src, b.bytes.data(), b.type, b.elems);
+          to_device(src, b.data, b.type, b.elems);
           b.host_hash = sh;
           b.agreed = true;
         }
       }
       uploaded.insert(name);
     }
-    uint8_t* base = (reads && stale && stale->count(name)) ? b.at_begin.data() : b.bytes.data();
-    const int64_t n = int64_t(b.bytes.size()) / elem_bytes(b.type) - off;
+    uint8_t* base = (reads && stale && stale->count(name)) ? b.at_begin.data() : b.data;
+    const int64_t n = b.size / elem_bytes(b.type) - off;
     if (f.type == b.type) {
       bind[f.tensor] = {b.type, base + off * elem_bytes(b.type), n};
       continue;
@@ -298,7 +318,7 @@ void ProgramExecutor::run_call(Call& call, const LaunchCall& c, const Bindings& 
 
   for (const auto& cv : converted)
     if (cv->into)
-      convert(cv->bytes.data(), cv->type, cv->into->bytes.data() + cv->offset * elem_bytes(cv->into->type),
+      convert(cv->bytes.data(), cv->type, cv->into->data + cv->offset * elem_bytes(cv->into->type),
               cv->into->type, cv->elems);
   for (const std::string& name : c.writes()) call.written.insert(name);
   if (!args) return;
@@ -318,7 +338,7 @@ void ProgramExecutor::run_call(Call& call, const LaunchCall& c, const Bindings& 
     } else if (u == unsynced_.end() || hash_floats(h->second.data, h->second.elems) != u->second.shown_hash) {
       unsynced_[name].host = std::vector<float>(h->second.data, h->second.data + h->second.elems);
     }
-    to_host(b.bytes.data(), b.type, h->second.data, b.elems);
+    to_host(b.data, b.type, h->second.data, b.elems);
     b.host_hash = hash_floats(h->second.data, b.elems);
     b.agreed = true;
     if (!synced) unsynced_[name].shown_hash = b.host_hash;

@@ -5,7 +5,9 @@
 //
 // Device memory: every activation buffer of a dispatch lives on the device, once per
 // dispatch instance (pass, dispatch, layer), as the Program declares it (type, size; rows
-// past the host-visible part zero, the rest poison until written). A launch reads and writes
+// past the host-visible part zero, the rest poison until written): in DDR, or at its offset
+// in the instance's memory-tile arena, where buffers the lowering let share bytes overwrite
+// each other (a buffer reused while still live is read as its successor left it). A launch reads and writes
 // these; a launch reading a buffer in another element type than it holds sees it converted
 // (round to nearest even; the consumer's first vector op on the device). External buffers
 // (weights, norm weights, biases, the KV cache, the RoPE table) are bound by the caller where
@@ -88,12 +90,13 @@ class ProgramExecutor {
   Call& enter(std::shared_ptr<const Program> program, Program::Where where, int64_t layer, bool priced,
               bool within_step = false);
   void close(std::unique_ptr<Call>& call);
-  Buffer& device_buffer(const std::string& instance, const ProgramBuffer& b);
+  Buffer& device_buffer(const std::string& instance, const ProgramDispatch& d, const ProgramBuffer& b);
   void run_call(Call& call, const LaunchCall& c, const Bindings& direct, const StepArgs* args);
   const float* host_memory(const std::string& name, const HostArray& a);
 
   Engine engine_;
   std::map<std::string, std::unique_ptr<Buffer>> buffers_;  // "instance/buffer"
+  std::map<std::string, std::vector<uint8_t>> l2_;            // a dispatch instance's memory-tile arena
   std::set<std::string> seen_instances_, seen_launches_;
   std::unique_ptr<Call> call_, side_;  // the pass's current dispatch call; a kernel program's
   // Buffers last written device-only: the host's real memory and the hash of what the

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "targets/npusim/checker.h"
 #include "targets/npusim/program.h"
 #include "util/error.h"
 
@@ -79,12 +80,14 @@ nlohmann::json Program::to_json() const {
       for (const HostWork& w : s.host) hw.push_back({{"what", w.what}, {"flops", w.flops}, {"bytes", w.bytes}});
       steps.push_back({{"stage", stage_name(s.stage)}, {"on", placement_name(s.placement)}, {"launches", ls}, {"host", hw}});
     }
-    for (const ProgramBuffer& b : d.buffers)
+    for (const ProgramBuffer& b : d.buffers) {
       bufs.push_back({{"name", b.buffer.name}, {"type", elem_type_name(b.buffer.type)}, {"elems", b.buffer.elems},
                       {"device_elems", b.device_elems}, {"sync", sync_name(b.buffer.sync)},
                       {"to_device", b.buffer.to_device}, {"from_device", b.buffer.from_device}, {"external", b.external}});
+      if (b.in_l2) bufs.back().update({{"l2_offset", b.l2_offset}, {"live", {b.live.first, b.live.second}}});
+    }
     ds.push_back({{"name", d.name}, {"section", d.section}, {"count", d.count}, {"host", d.host}, {"steps", steps},
-                  {"buffers", bufs}});
+                  {"buffers", bufs}, {"l2_arena_bytes", d.l2_arena_bytes}});
   }
   return {{"plan", plan},
           {"pass", shape.decode ? "decode" : "prefill"},
@@ -286,6 +289,72 @@ class Lowerer {
             c.waits.insert(n);
         for (const std::string& n : c.writes()) written.insert(n);
       }
+    place_in_l2(pd);
+  }
+
+  // L2: a device-only intermediate (written in the dispatch before any read) is held by the
+  // memory tiles, in the bytes no launch of the dispatch stages through them, for its live
+  // range: from the first launch writing it to the last launch reading it. (Its padding rows
+  // hold whatever the bytes held: every kernel is row-independent, so they reach padding rows
+  // of its outputs only.) Buffers are placed first fit in the order their ranges begin, so one whose range
+  // ended gives its bytes to a later one (intermediate reuse); what does not fit stays in
+  // DDR. The launches' fifos over an L2 buffer stream it from the memory tile.
+  void place_in_l2(ProgramDispatch& pd) const {
+    std::vector<LaunchCall*> calls;
+    for (ProgramStep& st : pd.steps)
+      for (LaunchCall& c : st.launches) calls.push_back(&c);
+    std::map<std::string, std::pair<int, int>> live;
+    for (int i = 0; i < int(calls.size()); ++i) {
+      for (const std::string& n : calls[size_t(i)]->writes()) {
+        auto [it, fresh] = live.try_emplace(n, i, i);
+        if (!fresh) it->second.second = i;
+      }
+      if (!faults_.live_until_written)
+        for (const std::string& n : calls[size_t(i)]->reads())
+          if (auto it = live.find(n); it != live.end()) it->second.second = i;
+    }
+    // The arena: every memory tile's bytes past what any launch of the dispatch stages in it.
+    std::map<Tile, int64_t> staged;
+    for (const LaunchCall* c : calls)
+      for (const TileUsage& u : tile_usage(c->launch, d_))
+        if (u.kind == TileKind::Mem) staged[u.tile] = std::max(staged[u.tile], u.memory_bytes);
+    int64_t per_tile = d_.l2_bytes;
+    for (int col = 0; col < d_.columns; ++col) {
+      auto it = staged.find(Tile{col, d_.mem_row});
+      per_tile = std::min(per_tile, d_.l2_bytes - (it == staged.end() ? 0 : it->second));
+    }
+    const int64_t capacity = std::max<int64_t>(0, per_tile) * d_.columns;
+    std::vector<ProgramBuffer*> order;
+    for (ProgramBuffer& b : pd.buffers)
+      if (!b.external && b.buffer.sync == Sync::DeviceOnly && !b.buffer.to_device && live.count(b.buffer.name))
+        order.push_back(&b);
+    std::stable_sort(order.begin(), order.end(), [&](const ProgramBuffer* a, const ProgramBuffer* b) {
+      return live.at(a->buffer.name).first < live.at(b->buffer.name).first;
+    });
+    std::vector<const ProgramBuffer*> placed;
+    for (ProgramBuffer* b : order) {
+      const std::pair<int, int> r = live.at(b->buffer.name);
+      const int64_t bytes = (b->device_elems * elem_bytes(b->buffer.type) + 63) / 64 * 64;
+      std::vector<std::pair<int64_t, int64_t>> taken;  // bytes of buffers live at the same time
+      for (const ProgramBuffer* p : placed)
+        if (!(p->live.second < r.first || r.second < p->live.first))
+          taken.push_back({p->l2_offset, p->l2_offset + (p->device_elems * elem_bytes(p->buffer.type) + 63) / 64 * 64});
+      std::sort(taken.begin(), taken.end());
+      int64_t off = 0;
+      for (const auto& [lo, hi] : taken) {
+        if (off + bytes <= lo) break;
+        off = std::max(off, hi);
+      }
+      if (off + bytes > capacity) continue;
+      b->in_l2 = true;
+      b->l2_offset = off;
+      b->live = r;
+      pd.l2_arena_bytes = std::max(pd.l2_arena_bytes, off + bytes);
+      placed.push_back(b);
+    }
+    for (LaunchCall* c : calls)
+      for (ObjectFifo& f : c->launch.fifos)
+        if (const ProgramBuffer* b = pd.buffer(c->args.at(f.tensor)); b && b->in_l2) f.l2_side = true;
   }
 
   HostWork host_work(Stage st) const;

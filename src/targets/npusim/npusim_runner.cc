@@ -34,6 +34,11 @@ const std::vector<FaultInfo>& npusim_faults() {
        "attention reads stay device-only: the host reads what it held before (the merged plan's decode steps; bisect "
        "names the projection whose output never reaches the host; plans whose decode attention runs on the array "
        "are unaffected)"},
+      {"reuse-while-live", "o_proj", 4,
+       "the memory-tile allocator ends an intermediate's live range at its producer's last launch, forgetting its "
+       "readers, so a later intermediate of the same dispatch takes its bytes before it is read (in a merged dispatch "
+       "the O projection writes o over the attention output it is still reading; plans that keep intermediates in DDR "
+       "are unaffected: phase 4's gate catches the rewrite that keeps them on the device and reverts it)"},
       {"l1-overflow", "qkv_proj", 1,
        "the projection's streamed tile is enlarged past the 64 KiB L1: the checker refuses the mapping with the numbers"},
       {"bd-exhaustion", "qkv_proj", 1,
@@ -112,6 +117,7 @@ NpuSimRunner::NpuSimRunner(const Model& model, const TargetOptions& options)
   if (fault("stale-buffer")) lowering_faults_.mapping["rmsnorm"].stale_buffer = true;
   lowering_faults_.drop_o_wait = fault("merged-stale-intermediate");
   lowering_faults_.ignore_host_readers = fault("unsynced-handover");
+  lowering_faults_.live_until_written = fault("reuse-while-live");
 }
 
 NpuSimRunner::~NpuSimRunner() = default;
@@ -227,6 +233,50 @@ std::string NpuSimRunner::handover(Stage from, Stage to, int64_t T) const {
       if (written.count(n)) shared.insert(n);
   if (shared.empty()) return "";
   return fmt::format("dispatch `{}`, buffer{} `{}`", d.name, shared.size() > 1 ? "s" : "", fmt::join(shared, "`, `"));
+}
+
+std::string NpuSimRunner::shared_memory(Stage consumer, int64_t T) const {
+  // The plan lowered at this pass's shape; the consumer's L2 inputs against every L2 buffer a
+  // launch writes between the input's last write and the consumer's read.
+  const npusim::Program p = npusim::lower(plan_, spec(), device_, {T == 1, T, 0, 1}, lowering_faults_);
+  const npusim::Program::Where where = p.find(consumer);
+  const npusim::ProgramDispatch& d = p.dispatches[where.dispatch];
+  if (d.host) return "";
+  std::vector<const npusim::LaunchCall*> calls;
+  std::vector<int> mine;
+  for (size_t si = 0; si < d.steps.size(); ++si)
+    for (const npusim::LaunchCall& c : d.steps[si].launches) {
+      if (si == where.step) mine.push_back(int(calls.size()));
+      calls.push_back(&c);
+    }
+  auto bytes = [](const npusim::ProgramBuffer& b) {
+    return std::pair{b.l2_offset, b.l2_offset + b.device_elems * npusim::elem_bytes(b.buffer.type)};
+  };
+  std::vector<std::string> found;
+  for (const int r : mine)
+    for (const std::string& n : calls[size_t(r)]->reads()) {
+      const npusim::ProgramBuffer* pn = d.buffer(n);
+      if (!pn || !pn->in_l2) continue;
+      int wrote = -1;
+      for (int i = 0; i < r; ++i)
+        if (calls[size_t(i)]->writes().count(n)) wrote = i;
+      if (wrote < 0) continue;
+      const auto [lo, hi] = bytes(*pn);
+      for (int i = wrote + 1; i <= r; ++i)
+        for (const std::string& m : calls[size_t(i)]->writes()) {
+          const npusim::ProgramBuffer* pm = d.buffer(m);
+          if (m == n || !pm || !pm->in_l2) continue;
+          const auto [mlo, mhi] = bytes(*pm);
+          if (mlo < hi && lo < mhi)
+            found.push_back(fmt::format("buffer `{}` (L2 bytes {}-{}) is overwritten by `{}` (launch {}) before launch {} "
+                                        "reads it",
+                                        n, lo, hi, m, calls[size_t(i)]->launch.name, calls[size_t(r)]->launch.name));
+        }
+    }
+  if (found.empty()) return "";
+  std::sort(found.begin(), found.end());
+  found.erase(std::unique(found.begin(), found.end()), found.end());
+  return fmt::format("dispatch `{}`: {}", d.name, fmt::join(found, "; "));
 }
 
 nlohmann::json NpuSimRunner::build_plan(const Model& model) const {

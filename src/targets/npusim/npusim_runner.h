@@ -54,6 +54,7 @@ class NpuSimRunner final : public LayeredRunner {
   // Stages the plan leaves on the host are counted as "host:<stage>" (never silently).
   std::map<std::string, int64_t> op_counters() const override;
   std::string handover(Stage from, Stage to, int64_t T) const override;
+  std::string shared_memory(Stage consumer, int64_t T) const override;
   nlohmann::json build_plan(const Model& model) const override;
   int64_t weight_bytes_per_token() const override;
   int64_t kv_bytes_per_position() const override;

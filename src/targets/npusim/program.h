@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <set>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,13 @@ struct ProgramBuffer {
   // Bound by the caller, not held by the dispatch (weights, the KV cache, the RoPE table):
   // the device reads them where they are.
   bool external = false;
+  // Held by the dispatch's memory tiles (L2) instead of DDR: a device-only intermediate that
+  // fits. L2 buffers share one arena per dispatch: `l2_offset` (bytes) is where this one
+  // starts; buffers whose live ranges (`live`: the first launch writing it to the last
+  // launch reading it, launch indices in the dispatch) do not overlap may share bytes.
+  bool in_l2 = false;
+  int64_t l2_offset = 0;
+  std::pair<int, int> live{-1, -1};
 };
 
 struct ProgramDispatch {
@@ -87,6 +95,7 @@ struct ProgramDispatch {
   bool host = false;    // host work only: no NPU call
   std::vector<ProgramStep> steps;
   std::vector<ProgramBuffer> buffers;
+  int64_t l2_arena_bytes = 0;  // the memory tiles' bytes the L2 buffers take together
 
   const ProgramBuffer* buffer(const std::string& name) const;
   // The engine's and the timing model's view: every launch in order and the host buffers.
@@ -119,6 +128,9 @@ struct LoweringFaults {
   // A lowering that asks only the NPU's dispatches who reads a buffer next: what a host step
   // reads (decode attention on the host) is kept device-only, never synced to the host.
   bool ignore_host_readers = false;
+  // reuse-while-live: the L2 allocator ends a buffer's live range at its producer's last
+  // launch (its readers forgotten), so a later intermediate takes its bytes before it is read.
+  bool live_until_written = false;
   MappingFaults for_op(const std::string& op) const;
 };
 

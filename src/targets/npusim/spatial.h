@@ -124,10 +124,16 @@ struct ObjectFifo {
   // Filled on the first run only: the objects stay in L1 across calls (weights kept
   // resident). Correct only when every end holds all its objects (objects <= depth).
   bool resident = false;
+  // The DDR side is a buffer a memory tile holds across a dispatch's launches (an
+  // intermediate the lowering placed in L2): the memory tile (`memtile`, else the one of the
+  // shim's column) walks it with `ddr`'s patterns; no shim leg, no DDR bytes.
+  bool l2_side = false;
 
   int64_t object_bytes() const { return object_elems * elem_bytes(type); }
   int64_t mem_object_bytes() const { return (mem_object_elems > 0 ? mem_object_elems : object_elems) * elem_bytes(type); }
   int64_t end_elems(const FifoEnd& e) const { return e.elems > 0 ? e.elems : object_elems; }
+  // The memory tile that streams an L2-side fifo's buffer.
+  Tile l2_tile(int mem_row) const { return memtile ? *memtile : Tile{shim.col, mem_row}; }
   int64_t stream_elements() const;  // all BDs of `ddr` together
   int64_t objects() const;          // stream_elements / object_elems
 };

@@ -53,9 +53,15 @@ LaunchTiming time_launch(const Launch& l, const Device& d, const TimingOptions& 
     const double stream_bytes = double(f.stream_elements()) * es;
     const int64_t objects = f.objects();
     const double stream_s = stream_bytes / chan_bytes_per_s + double(objects) * object_s;
-    t.ddr_bytes += int64_t(stream_bytes);
-    chan[{f.shim, fill, f.name}] += stream_s;
-    if (f.memtile) chan[{*f.memtile, !fill, f.name}] += stream_s;
+    if (f.l2_side) {
+      // From (to) the buffer a memory tile holds: no DDR bytes, no shim leg; without a
+      // staging memtile, the column's memory tile streams it to the ends.
+      if (!f.memtile) chan[{f.l2_tile(d.mem_row), fill, f.name}] += stream_s;
+    } else {
+      t.ddr_bytes += int64_t(stream_bytes);
+      chan[{f.shim, fill, f.name}] += stream_s;
+      if (f.memtile) chan[{*f.memtile, !fill, f.name}] += stream_s;
+    }
     double slowest_end = 0;
     for (size_t k = 0; k < f.ends.size(); ++k) {
       const auto& e = f.ends[k];
@@ -70,7 +76,7 @@ LaunchTiming time_launch(const Launch& l, const Device& d, const TimingOptions& 
     }
     if (f.depth < 2) overlapped = false;
     // One object through each hop before the pipeline runs (fill) or after it stops (drain).
-    const double hop_s = (f.memtile ? double(f.mem_object_bytes()) / chan_bytes_per_s + object_s : 0.0) +
+    const double hop_s = (f.memtile && !f.l2_side ? double(f.mem_object_bytes()) / chan_bytes_per_s + object_s : 0.0) +
                          slowest_end / chan_bytes_per_s + object_s;
     (fill ? fill_s : drain_s) = std::max(fill ? fill_s : drain_s, hop_s);
   }
