@@ -75,7 +75,7 @@ void NpuOps::gemv(const uint16_t* w, int64_t N, int64_t K, const float* x, const
                   const std::string& weight, bool resident) {
   const GemvShape s{N, K};
   const MappingFaults f = faults_for("gemv");
-  resident = resident && !weight.empty() && gemv_fits_resident(s, device());
+  resident = resident && !weight.empty() && gemvs_fit_resident({s}, 1, device());
   const std::string name = weight.empty() ? "gemv" : "gemv:" + weight;
   GemvTiles t = default_gemv_tiles(s, device(), resident);
   if (auto it = gemv_tiles_.find({N, K}); it != gemv_tiles_.end() && !resident) t = it->second;

@@ -94,7 +94,12 @@ TEST(NpusimKernels, Gemv) {
 TEST(NpusimKernels, GemvResidentAndLmHead) {
   NpuOps ops(xdna2(), 2);
   Bf16Weight w(256, 64, 5);
-  ASSERT_TRUE(gemv_fits_resident({256, 64}, xdna2()));
+  ASSERT_TRUE(gemvs_fit_resident({{256, 64}}, 1, xdna2()));
+  // Every layer's slices at once: a 1B model's projections never fit a tile's 64 KiB; one
+  // small layer does, sixteen of them do not.
+  EXPECT_FALSE(gemvs_fit_resident({{2048, 2048}}, 1, xdna2()));
+  EXPECT_TRUE(gemvs_fit_resident({{256, 256}}, 1, xdna2()));
+  EXPECT_FALSE(gemvs_fit_resident({{256, 256}}, 64, xdna2()));
   for (int call = 0; call < 2; ++call) {  // the second call reuses W from L1
     const auto x = random_vec(64, 10 + call);
     std::vector<float> ref(256), got(256);

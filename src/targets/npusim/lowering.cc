@@ -360,6 +360,11 @@ class Lowerer {
   HostWork host_work(Stage st) const;
   const LoweringFaults& faults() const { return faults_; }
 
+  bool layer_gemvs_fit_resident() const {
+    const int64_t H = s_.hidden, Q = s_.q_dim(), KV = s_.kv_dim(), I = s_.intermediate;
+    return gemvs_fit_resident({{Q, H}, {KV, H}, {KV, H}, {H, Q}, {I, H}, {I, H}, {H, I}}, s_.n_layers, d_);
+  }
+
  private:
   static bool has_npu(const ProgramDispatch& pd, Stage s) {
     for (const ProgramStep& st : pd.steps)
@@ -412,8 +417,9 @@ class Lowerer {
     if (m == 1) {
       const GemvShape g{N, K};
       const MappingFaults f = faults_.for_op("gemv");
-      // The LM head is never kept in L1 (it never fits).
-      const bool resident = plan_.weights_resident && w != "w.lm_head" && gemv_fits_resident(g, d_);
+      // The LM head is never kept in L1 (it never fits); a layer's projections only if every
+      // layer's fit together.
+      const bool resident = plan_.weights_resident && w != "w.lm_head" && layer_gemvs_fit_resident();
       GemvOptions o;
       o.name = y;
       o.resident = resident;

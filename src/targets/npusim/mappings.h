@@ -84,8 +84,11 @@ GemvTiles default_gemv_tiles(const GemvShape& s, const Device& d, bool resident 
 // (tile-tune); the default when nothing beats it. Searches every herd that divides N, every
 // K chunk of whole vectors, every row block that fits L1 double-buffered.
 GemvTiles tune_gemv_tiles(const GemvShape& s, const Device& d);
-// Whether W can stay resident in L1 (the default tiles with resident = true fit).
-bool gemv_fits_resident(const GemvShape& s, const Device& d);
+// Whether the weights of `shapes`, `copies` times over (a layer's GEMVs for every layer), can
+// stay resident in L1 together: each launch keeps its slice on its workers' tiles for the
+// whole run, so a tile holds its slice of every one of them at once, beside the working
+// buffers of the largest launch (default tiles with resident = true).
+bool gemvs_fit_resident(const std::vector<GemvShape>& shapes, int64_t copies, const Device& d);
 Launch gemv_launch(const GemvShape& s, const GemvTiles& t, const Device& d, const GemvOptions& o = {});
 
 // ---------------------------------------------------------------------------------------

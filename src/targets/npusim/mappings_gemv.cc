@@ -2,6 +2,8 @@
 // mapping. See mappings.h for the layout.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "targets/npusim/checker.h"
 #include "targets/npusim/mappings.h"
 #include "targets/npusim/timing.h"
@@ -53,9 +55,14 @@ GemvTiles default_gemv_tiles(const GemvShape& s, const Device& d, bool resident)
   return t;
 }
 
-bool gemv_fits_resident(const GemvShape& s, const Device& d) {
-  const GemvTiles t = default_gemv_tiles(s, d, true);
-  return gemv_l1(t.rb, t.kc, s.K / t.kc) <= d.l1_bytes;
+bool gemvs_fit_resident(const std::vector<GemvShape>& shapes, int64_t copies, const Device& d) {
+  int64_t weights = 0, largest = 0;
+  for (const GemvShape& s : shapes) {
+    const GemvTiles t = default_gemv_tiles(s, d, true);
+    weights += t.rb * s.K * 2;  // one worker's slice of W, bf16
+    largest = std::max(largest, gemv_l1(t.rb, t.kc, s.K / t.kc));
+  }
+  return weights * copies + largest <= d.l1_bytes;
 }
 
 Launch gemv_launch(const GemvShape& s, const GemvTiles& tin, const Device& d, const GemvOptions& o) {
