@@ -7,9 +7,9 @@
 // dispatch instance (pass, dispatch, layer), as the Program declares it (type, size; rows
 // past the host-visible part zero, the rest poison until written): in DDR, or at its offset
 // in the instance's memory-tile arena, where buffers the lowering let share bytes overwrite
-// each other (a buffer reused while still live is read as its successor left it). A launch reads and writes
-// these; a launch reading a buffer in another element type than it holds sees it converted
-// (round to nearest even; the consumer's first vector op on the device). External buffers
+// each other (a buffer reused while still live is read as its successor left it). A launch
+// reads and writes these; a launch reading a buffer in another element type than it holds
+// sees it converted (round to nearest even; the consumer's first vector op on the device). External buffers
 // (weights, norm weights, biases, the KV cache, the RoPE table) are bound by the caller where
 // they are.
 //

@@ -294,11 +294,11 @@ class Lowerer {
 
   // L2: a device-only intermediate (written in the dispatch before any read) is held by the
   // memory tiles, in the bytes no launch of the dispatch stages through them, for its live
-  // range: from the first launch writing it to the last launch reading it. (Its padding rows
-  // hold whatever the bytes held: every kernel is row-independent, so they reach padding rows
-  // of its outputs only.) Buffers are placed first fit in the order their ranges begin, so one whose range
-  // ended gives its bytes to a later one (intermediate reuse); what does not fit stays in
-  // DDR. The launches' fifos over an L2 buffer stream it from the memory tile.
+  // range: from the first launch writing it to the last launch reading it. Buffers are
+  // placed first fit in the order their ranges begin, so one whose range ended gives its
+  // bytes to a later one (intermediate reuse); what does not fit stays in DDR. The launches'
+  // fifos over an L2 buffer stream it from the memory tile. (Padding rows hold whatever the
+  // bytes held: every kernel is row-independent, so they reach padding rows only.)
   void place_in_l2(ProgramDispatch& pd) const {
     std::vector<LaunchCall*> calls;
     for (ProgramStep& st : pd.steps)
