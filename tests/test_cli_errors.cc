@@ -145,10 +145,14 @@ TEST(CliErrors, GgufOffsetPastTheEnd) {
   expect_one_line_error("inspect " + dir.str("m.gguf"), "past the end");
 }
 
-TEST(CliErrors, GgufUnknownQuantizationType) {
+TEST(CliErrors, GgufTensorTypeErrors) {
   ScratchDir dir("quant");
+  // A q4_K row of 32 values: not a whole super block.
   write_file(dir.path() / "m.gguf", gguf_one_tensor(12, 0));
-  expect_one_line_error("inspect " + dir.str("m.gguf"), "type 12");
+  expect_one_line_error("inspect " + dir.str("m.gguf"), "of type q4_K has inner dimension 32, not a multiple of its block size 256");
+  // A type tessera does not read (iq2_xxs) waits for the architecture check, which comes first.
+  write_file(dir.path() / "m.gguf", gguf_one_tensor(16, 0));
+  expect_one_line_error("inspect " + dir.str("m.gguf"), "GGUF has no general.architecture");
 }
 
 TEST(CliErrors, ConfigMissingHiddenSize) {

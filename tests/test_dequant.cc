@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
 #include <vector>
 
 #include "io/tensor.h"
@@ -209,6 +212,54 @@ TEST(Dequant, BF16RoundsToNearestEven) {
       EXPECT_EQ(f32_to_bf16(f), h);
     }
   }
+}
+
+// Every block type against the gguf package's numpy dequantize (tests/fixtures/quant/, made
+// by tools/reference/quant_fixtures.py from random blocks, finite f16 scales across the range,
+// and blocks the package quantized itself): bit for bit.
+class DequantFixture : public ::testing::TestWithParam<DType> {};
+
+std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot read " + path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST_P(DequantFixture, MatchesTheGgufPackageBitForBit) {
+  const DType t = GetParam();
+  const std::string base = std::string(TESSERA_SOURCE_DIR) + "/tests/fixtures/quant/" + dtype_name(t);
+  const std::vector<uint8_t> blocks = read_bytes(base + ".blocks"), expected = read_bytes(base + ".f32");
+  ASSERT_EQ(blocks.size() % size_t(dtype_block_bytes(t)), 0u);
+  const int64_t n = int64_t(blocks.size()) / dtype_block_bytes(t) * dtype_block_values(t);
+  ASSERT_EQ(expected.size(), size_t(n) * 4);
+  EXPECT_EQ(dtype_bytes(t, n), blocks.size());
+  const std::vector<float> got = convert(t, blocks, n);
+  int64_t wrong = 0, first = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    float want;
+    std::memcpy(&want, expected.data() + 4 * i, 4);
+    if (bits(got[size_t(i)]) != bits(want)) {
+      if (first < 0) first = i;
+      ++wrong;
+    }
+  }
+  EXPECT_EQ(wrong, 0) << dtype_name(t) << ": first at value " << first << " (block " << first / dtype_block_values(t)
+                      << ")";
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryBlockType, DequantFixture,
+                         ::testing::Values(DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::IQ4_NL,
+                                           DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K,
+                                           DType::IQ4_XS),
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
+
+TEST(Dequant, KQuantBlockSizes) {
+  for (const DType t : {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS})
+    EXPECT_EQ(dtype_block_values(t), 256) << dtype_name(t);
+  EXPECT_EQ(dtype_block_bytes(DType::Q4_K), 144);
+  EXPECT_EQ(dtype_block_bytes(DType::Q6_K), 210);
+  EXPECT_EQ(dtype_bytes(DType::Q5_K, 512), 352u);
+  EXPECT_THROW(dtype_bytes(DType::Q4_K, 576), Error);  // 576 = 2.25 super blocks
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "io/gguf.h"
 #include "io/gguf_writer.h"
+#include "io/weights.h"
 #include "util/error.h"
 #include "util/mapped_file.h"
 #include "test_support.h"
@@ -408,25 +409,63 @@ TEST(Gguf, UnalignedTensorOffset) {
   expect_gguf_error(tmp.path(), "offset 4 is not a multiple of the alignment 32");
 }
 
-TEST(Gguf, UnknownQuantizationType) {
+TEST(Gguf, KQuantTensorsAreRead) {
   GgufTemp tmp;
   {
     GgufWriter w(tmp.path());
-    w.add_tensor_raw("blk.0.ffn_down.weight", 12, {2, 256}, 288);  // q4_K
+    w.add_tensor_raw("blk.0.ffn_down.weight", 12, {2, 256}, 288);  // q4_K: 2 super blocks of 144 bytes
     const auto d = gguf_bytes(288, 0);
     w.write("blk.0.ffn_down.weight", d.data(), d.size());
     w.close();
   }
-  expect_gguf_error(tmp.path(),
-                    "tensor 'blk.0.ffn_down.weight' has unknown or unsupported tensor type 12 "
-                    "(q4_K)");
+  const GgufFile g = GgufFile::open(tmp.path());
+  ASSERT_EQ(g.tensors().size(), 1u);
+  EXPECT_EQ(g.tensors()[0].dtype, DType::Q4_K);
+  EXPECT_EQ(g.tensors()[0].nbytes, 288u);
+  EXPECT_TRUE(g.unsupported().empty());
+}
+
+// A tensor type tessera does not read is left out and listed, not refused at open: the model
+// loader refuses it by name after the architecture check.
+TEST(Gguf, UnsupportedTensorTypeIsListed) {
+  GgufTemp tmp;
   {
     GgufWriter w(tmp.path());
+    w.add_tensor_raw("blk.0.ffn_down.weight", 16, {2, 256}, 132);  // iq2_xxs
     w.add_tensor_raw("x", 999, {4}, 4);
+    w.add_tensor_raw("y", 0, {2}, 8);
+    const auto d = gguf_bytes(132, 0);
+    w.write("blk.0.ffn_down.weight", d.data(), d.size());
     w.write("x", "abcd", 4);
+    const float y[2] = {1.5f, -2.0f};
+    w.write("y", y, sizeof(y));
     w.close();
   }
-  expect_gguf_error(tmp.path(), "unknown or unsupported tensor type 999;");
+  const GgufFile g = GgufFile::open(tmp.path());
+  ASSERT_EQ(g.tensors().size(), 1u);
+  EXPECT_EQ(g.tensors()[0].name, "y");
+  ASSERT_EQ(g.unsupported().size(), 2u);
+  const std::string a = GgufFile::describe(g.unsupported()[0]), b = GgufFile::describe(g.unsupported()[1]);
+  EXPECT_NE(a.find("tensor 'blk.0.ffn_down.weight' has tensor type 16 (iq2_xxs), which tessera does not read (it "
+                   "reads f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K"),
+            std::string::npos)
+      << a;
+  EXPECT_NE(b.find("tensor 'x' has unknown tensor type 999,"), std::string::npos) << b;
+}
+
+// An unsupported architecture is named before a tensor type tessera does not read.
+TEST(Gguf, UnsupportedArchitectureIsNamedBeforeAnUnsupportedTensorType) {
+  GgufTemp tmp;
+  {
+    GgufWriter w(tmp.path());
+    w.add_string("general.architecture", "gpt2");
+    w.add_tensor_raw("blk.0.ffn_down.weight", 16, {2, 256}, 132);  // iq2_xxs
+    const auto d = gguf_bytes(132, 0);
+    w.write("blk.0.ffn_down.weight", d.data(), d.size());
+    w.close();
+  }
+  testing_support::expect_open_error([](const std::string& p) { Model::open(p); }, tmp.path(),
+                                     "unsupported architecture: GGUF general.architecture 'gpt2'");
 }
 
 TEST(Gguf, PartialQuantBlock) {

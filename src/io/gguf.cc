@@ -184,28 +184,32 @@ const char* gguf_type_name(GgufValue::Type t) {
   return i < std::size(names) ? names[i] : "?";
 }
 
+namespace {
+// ggml's type ids of the types tessera reads.
+constexpr std::pair<DType, uint32_t> kGgmlIds[] = {
+    {DType::F32, 0},   {DType::F16, 1},   {DType::Q4_0, 2},   {DType::Q4_1, 3},    {DType::Q5_0, 6},
+    {DType::Q5_1, 7},  {DType::Q8_0, 8},  {DType::Q2_K, 10},  {DType::Q3_K, 11},   {DType::Q4_K, 12},
+    {DType::Q5_K, 13}, {DType::Q6_K, 14}, {DType::IQ4_NL, 20}, {DType::IQ4_XS, 23}, {DType::BF16, 30}};
+}  // namespace
+
 uint32_t ggml_type_id(DType t) {
-  switch (t) {
-    case DType::F32: return 0;
-    case DType::F16: return 1;
-    case DType::Q4_0: return 2;
-    case DType::Q4_1: return 3;
-    case DType::Q8_0: return 8;
-    case DType::BF16: return 30;
-  }
+  for (const auto& [d, id] : kGgmlIds)
+    if (d == t) return id;
   return 0;
 }
 
 std::optional<DType> dtype_from_ggml(uint32_t type) {
-  switch (type) {
-    case 0: return DType::F32;
-    case 1: return DType::F16;
-    case 2: return DType::Q4_0;
-    case 3: return DType::Q4_1;
-    case 8: return DType::Q8_0;
-    case 30: return DType::BF16;
-    default: return std::nullopt;
-  }
+  for (const auto& [d, id] : kGgmlIds)
+    if (id == type) return d;
+  return std::nullopt;
+}
+
+std::string GgufFile::describe(const UnsupportedTensor& t) {
+  const char* name = ggml_type_name(t.type);
+  std::string reads;
+  for (const auto& [d, id] : kGgmlIds) reads += (reads.empty() ? "" : ", ") + std::string(ggml_type_name(id));
+  return fmt::format("tensor '{}' has {} type {}{}, which tessera does not read (it reads {})", t.name,
+                     name ? "tensor" : "unknown tensor", t.type, name ? fmt::format(" ({})", name) : std::string(), reads);
 }
 
 const char* ggml_type_name(uint32_t type) {
@@ -324,11 +328,9 @@ GgufFile GgufFile::open(const std::string& path) {
     const uint32_t type = c.get<uint32_t>(what);
     auto dtype = dtype_from_ggml(type);
     if (!dtype) {
-      const char* name = ggml_type_name(type);
-      fail(
-          "{}: tensor '{}' has unknown or unsupported tensor type {}{}; tessera reads f32, f16, "
-          "bf16, q8_0, q4_0, q4_1",
-          path, t.name, type, name ? fmt::format(" ({})", name) : std::string());
+      c.get<uint64_t>(what);  // its offset: the tensor is left out
+      g.unsupported_.push_back({t.name, type});
+      continue;
     }
     t.dtype = *dtype;
     const int64_t block = dtype_block_values(t.dtype);

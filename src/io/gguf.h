@@ -46,7 +46,8 @@ class GgufFile {
  public:
   // Throws tessera::Error naming the problem: wrong magic, unsupported version, counts
   // larger than the file can hold, a string or array running past the end, an unknown
-  // value or tensor type, a tensor whose data runs past the end.
+  // value type, a tensor whose data runs past the end. A tensor of a type tessera does not
+  // read is listed in unsupported(), not refused here.
   static GgufFile open(const std::string& path);
 
   uint32_t version() const { return version_; }
@@ -60,6 +61,16 @@ class GgufFile {
 
   // Tensors with GGUF names ("blk.0.attn_q.weight") and shapes outermost first.
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  // Tensors of a type tessera does not read (left out of tensors()): the model loader refuses
+  // them by name after it has checked the architecture, so that an unsupported architecture
+  // is always what the user hears first.
+  struct UnsupportedTensor {
+    std::string name;
+    uint32_t type = 0;  // ggml's type id
+  };
+  const std::vector<UnsupportedTensor>& unsupported() const { return unsupported_; }
+  // "tensor 'x' has type 16 (iq2_xxs), which tessera does not read (it reads f32, ...)"
+  static std::string describe(const UnsupportedTensor& t);
 
  private:
   std::shared_ptr<const MappedFile> file_;
@@ -67,6 +78,7 @@ class GgufFile {
   uint64_t alignment_ = kGgufDefaultAlignment;
   std::map<std::string, GgufValue> kv_;
   std::vector<TensorInfo> tensors_;
+  std::vector<UnsupportedTensor> unsupported_;
 };
 
 }  // namespace tessera

@@ -9,8 +9,10 @@ namespace tessera {
 
 class MappedFile;
 
-// Storage types tessera reads. Quantized types are GGML block formats (32 values a block).
-enum class DType : uint8_t { F32, F16, BF16, Q8_0, Q4_0, Q4_1 };
+// Storage types tessera reads. Quantized types are GGML block formats: 32 values a block
+// (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), or 256 (the K-quants Q2_K..Q6_K, IQ4_XS: a super
+// block of 16- or 32-value sub-blocks with their own quantized scales).
+enum class DType : uint8_t { F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS };
 
 const char* dtype_name(DType t);
 // Values per block (1 for plain types) and bytes per block.

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+#include <string_view>
 
 #include "io/safetensors.h"
 #include "model/tensors.h"
@@ -187,7 +188,15 @@ Model Model::open(const std::string& path_in) {
     fail("{}: neither a Hugging Face model directory nor a GGUF file", path_in);
   m.format_ = "gguf";
   m.gguf_ = GgufFile::open(path_in);
-  m.spec_ = spec_from_gguf(*m.gguf_);
+  try {
+    m.spec_ = spec_from_gguf(*m.gguf_);  // an unsupported architecture is named first
+  } catch (const Error& e) {
+    if (std::string_view(e.what()).starts_with(path_in)) throw;
+    fail("{}: {}", path_in, e.what());
+  }
+  if (!m.gguf_->unsupported().empty())
+    fail("{}: {}{}", path_in, GgufFile::describe(m.gguf_->unsupported().front()),
+         m.gguf_->unsupported().size() > 1 ? fmt::format(" (and {} more)", m.gguf_->unsupported().size() - 1) : "");
   ModelSpec& s = m.spec_;
   for (const TensorInfo& t : m.gguf_->tensors()) {
     if (t.name == "rope_freqs.weight") {
