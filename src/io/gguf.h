@@ -69,7 +69,7 @@ class GgufFile {
     uint32_t type = 0;  // ggml's type id
   };
   const std::vector<UnsupportedTensor>& unsupported() const { return unsupported_; }
-  // "tensor 'x' has type 16 (iq2_xxs), which tessera does not read (it reads f32, ...)"
+  // "tensor 'x' has tensor type 16 (iq2_xxs), which tessera does not read (it reads f32, ...)"
   static std::string describe(const UnsupportedTensor& t);
 
  private:

@@ -331,14 +331,14 @@ class Lowerer {
     std::stable_sort(order.begin(), order.end(), [&](const ProgramBuffer* a, const ProgramBuffer* b) {
       return live.at(a->buffer.name).first < live.at(b->buffer.name).first;
     });
+    auto slot_bytes = [](const ProgramBuffer* b) { return (b->device_elems * elem_bytes(b->buffer.type) + 63) / 64 * 64; };
     std::vector<const ProgramBuffer*> placed;
     for (ProgramBuffer* b : order) {
       const std::pair<int, int> r = live.at(b->buffer.name);
-      const int64_t bytes = (b->device_elems * elem_bytes(b->buffer.type) + 63) / 64 * 64;
+      const int64_t bytes = slot_bytes(b);
       std::vector<std::pair<int64_t, int64_t>> taken;  // bytes of buffers live at the same time
       for (const ProgramBuffer* p : placed)
-        if (!(p->live.second < r.first || r.second < p->live.first))
-          taken.push_back({p->l2_offset, p->l2_offset + (p->device_elems * elem_bytes(p->buffer.type) + 63) / 64 * 64});
+        if (!(p->live.second < r.first || r.second < p->live.first)) taken.push_back({p->l2_offset, p->l2_offset + slot_bytes(p)});
       std::sort(taken.begin(), taken.end());
       int64_t off = 0;
       for (const auto& [lo, hi] : taken) {
