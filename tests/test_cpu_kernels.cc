@@ -191,7 +191,7 @@ TEST(CpuKernels, MatmulSharedInputEqualsOneMatmulPerMatrix) {
       SCOPED_TRACE("T=" + std::to_string(T));
       const auto x = randn(size_t(T * K), uint32_t(T));
       std::vector<std::vector<float>> want, got;
-      std::vector<Bf16Matrix> m;
+      std::vector<cpu::WeightMatrix> m;
       std::vector<cpu::MatmulOut> outs;
       for (size_t i = 0; i < std::size(rows); ++i) {
         m.push_back(Bf16Matrix{w[i].data(), rows[i], K});
@@ -208,11 +208,11 @@ TEST(CpuKernels, MatmulSharedInputEqualsOneMatmulPerMatrix) {
     }
   });
   // Matrices of different widths cannot share one input.
-  const Bf16Matrix narrow{w[0].data(), 1, K - 1};
+  const cpu::WeightMatrix narrow = Bf16Matrix{w[0].data(), 1, K - 1};
   std::vector<float> y(size_t(rows[0]) + 1);
   const cpu::MatmulOut mixed[] = {{&narrow, nullptr, y.data()}, {&narrow, nullptr, y.data()}};
   EXPECT_NO_THROW(cpu::matmul_shared_input(randn(size_t(K), 1).data(), 1, mixed, pool));
-  const Bf16Matrix wide{w[0].data(), 1, K};
+  const cpu::WeightMatrix wide = Bf16Matrix{w[0].data(), 1, K};
   const cpu::MatmulOut bad[] = {{&narrow, nullptr, y.data()}, {&wide, nullptr, y.data()}};
   EXPECT_THROW(cpu::matmul_shared_input(randn(size_t(K), 1).data(), 1, bad, pool), std::exception);
 }

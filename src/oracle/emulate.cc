@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "util/error.h"
 #include "util/half.h"
 
 namespace tessera::oracle {
@@ -14,6 +15,7 @@ const char* precision_name(Precision p) {
     case Precision::F32: return "fp32";
     case Precision::BF16: return "bf16";
     case Precision::F16: return "fp16";
+    case Precision::Q8x2_32: return "int8 + int8/254 per 32-value block";
   }
   return "?";
 }
@@ -23,6 +25,7 @@ float round_to(Precision p, float x) {
     case Precision::F32: return x;
     case Precision::BF16: return bf16_to_f32(f32_to_bf16(x));
     case Precision::F16: return float(static_cast<_Float16>(x));
+    case Precision::Q8x2_32: fail("internal: int8 per 32-value block is a block-wise rounding (round_all)");
   }
   return x;
 }
@@ -44,6 +47,26 @@ namespace emulated {
 
 void round_all(Precision p, float* x, int64_t n) {
   if (p == Precision::F32) return;
+  if (p == Precision::Q8x2_32) {
+    // Each block of 32 (the last may be shorter) as d * (hi + lo / 254): d = max|x| / 127,
+    // v = x * 127 / max|x|, hi = v and lo = (v - hi) * 254 rounded to nearest even; a
+    // non-finite value makes the whole block NaN.
+    for (int64_t b = 0; b < n; b += 32) {
+      const int64_t e = std::min(n, b + 32);
+      float amax = 0;
+      bool finite = true;
+      for (int64_t i = b; i < e; ++i) {
+        amax = std::max(amax, std::fabs(x[i]));
+        finite = finite && std::isfinite(x[i]);
+      }
+      const float id = amax > 0 && finite ? 127.0f / amax : 0.0f, d = finite ? amax / 127.0f : NAN;
+      for (int64_t i = b; i < e; ++i) {
+        const float v = x[i] * id, hi = std::nearbyint(v), lo = std::nearbyint((v - hi) * 254.0f);
+        x[i] = (hi + lo / 254.0f) * d;
+      }
+    }
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) x[i] = round_to(p, x[i]);
 }
 
@@ -62,7 +85,7 @@ void linear(const Numerics& num, const float* x, int64_t T, const Weight& w, con
   const int64_t K = w.cols(), C = int64_t(cols.size());
   std::vector<float> xr(x, x + T * K);
   std::vector<float> row(static_cast<size_t>(K));
-  round_all(num.matmul_inputs, xr.data(), T * K);
+  for (int64_t t = 0; t < T; ++t) round_all(num.matmul_inputs, xr.data() + t * K, K);  // per row (blocks)
   for (int64_t c = 0; c < C; ++c) {
     w.row_f32(cols[size_t(c)], row.data());
     round_all(num.weights, row.data(), K);

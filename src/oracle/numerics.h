@@ -10,7 +10,10 @@
 
 namespace tessera::oracle {
 
-enum class Precision { F32, BF16, F16 };
+// Q8x2_32: per 32-value block, x = d * (hi + lo / 254) with d = max|x| / 127 (fp32), hi =
+// x / d and lo = (x / d - hi) * 254 each rounded to nearest even into int8 (a block-wise
+// rounding: round_all only; the cpu's quantized GEMV input).
+enum class Precision { F32, BF16, F16, Q8x2_32 };
 const char* precision_name(Precision p);
 float round_to(Precision p, float x);
 

@@ -30,18 +30,13 @@ const LayerParams& LayeredRunner::layer(int64_t l) const {
   return layers_[size_t(l)];
 }
 
-void LayeredRunner::load_matrices(Bf16WeightStore& store) const {
+std::vector<const Weight*> LayeredRunner::matrix_weights() const {
+  std::vector<const Weight*> out;
   for (const LayerParams& L : layers_)
-    for (const Weight* w : {L.q, L.k, L.v, L.o, L.gate, L.up, L.down}) store.load(*w);
-  store.load(model_.get("model.embed_tokens.weight"));
-  store.load(model_.lm_head());
-}
-
-int64_t LayeredRunner::decode_weight_bytes(const Bf16WeightStore& store) const {
-  int64_t bytes = 0;
-  for (const LayerParams& L : layers_)
-    for (const Weight* w : {L.q, L.k, L.v, L.o, L.gate, L.up, L.down}) bytes += store.get(w->name).bytes();
-  return bytes + store.get(model_.lm_head().name).bytes();  // the embedding row read is negligible
+    for (const Weight* w : {L.q, L.k, L.v, L.o, L.gate, L.up, L.down}) out.push_back(w);
+  out.push_back(&model_.get("model.embed_tokens.weight"));
+  if (&model_.lm_head() != out.back()) out.push_back(&model_.lm_head());
+  return out;
 }
 
 const std::vector<float>& LayeredRunner::norm_weight(Stage which, int64_t l) const {

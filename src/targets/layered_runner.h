@@ -63,10 +63,22 @@ class LayeredRunner : public StagedRunner {
 
   const LayerParams& layer(int64_t l) const;
   // Every matrix the forward pass multiplies by (each layer's q, k, v, o, gate, up, down),
-  // the embedding table and the LM head, into the target's bf16 store.
-  void load_matrices(Bf16WeightStore& store) const;
-  // Bytes of those matrices one decode step reads: every layer's seven and the LM head.
-  int64_t decode_weight_bytes(const Bf16WeightStore& store) const;
+  // then the embedding table and the LM head.
+  std::vector<const Weight*> matrix_weights() const;
+  // Into the target's weight store (load(const Weight&)).
+  template <typename Store>
+  void load_matrices(Store& store) const {
+    for (const Weight* w : matrix_weights()) store.load(*w);
+  }
+  // Bytes of those matrices one decode step reads (every layer's seven and the LM head: the
+  // embedding row read is negligible), as the store holds them (get(name).bytes()).
+  template <typename Store>
+  int64_t decode_weight_bytes(const Store& store) const {
+    int64_t bytes = 0;
+    for (const Weight* w : matrix_weights())
+      if (w->name != "model.embed_tokens.weight" || w == &model_.lm_head()) bytes += store.get(w->name).bytes();
+    return bytes;
+  }
   const std::vector<float>& norm_weight(Stage which, int64_t layer) const;
   // Frequencies for RoPE (the model's scaling applied).
   const std::vector<float>& inv_freq() const { return inv_freq_; }

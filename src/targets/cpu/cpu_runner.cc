@@ -153,7 +153,7 @@ TargetDef cpu_target_def() {
 CpuRunner::CpuRunner(const Model& model, CpuOptions options)
     : LayeredRunner(model, options.oracle_stages, options.profile), options_(std::move(options)) {
   pool_ = std::make_unique<cpu::ThreadPool>(options_.threads > 0 ? options_.threads : default_threads());
-  weights_ = std::make_unique<Bf16WeightStore>(
+  weights_ = std::make_unique<CpuWeightStore>(
       [this](int64_t n, const std::function<void(int64_t, int64_t)>& body) { pool_->parallel_for(n, body); });
   const ModelSpec& s = model.spec();
   cache_ = std::make_unique<cpu::KvCache>(s.n_layers, s.kv_dim());
@@ -168,14 +168,36 @@ std::string CpuRunner::description() const { return fmt::format("cpu ({}, {} thr
 
 std::string CpuRunner::isa() const { return cpu::isa(); }
 
-oracle::Numerics CpuRunner::numerics(Stage, int64_t) const {
+oracle::Numerics CpuRunner::numerics(Stage s, int64_t T) const {
   oracle::Numerics n;
   n.name = "cpu";
   // matmul rounds the activations to bf16 once per call; the weights are bf16 (mapped or
   // converted once at load); everything else runs in fp32; the KV cache stores fp16.
   n.weights = n.matmul_inputs = oracle::Precision::BF16;
   n.kv_cache = oracle::Precision::F16;
+  // Quantized weights: the GEMV multiplies the blocks exactly by x quantized per 32-value
+  // block to two int8 terms (cpu/quant.h); T > 1 dequantizes them to bf16 (as above). The stage's layer-0 matrix
+  // stands for the stage (a file quantizes a stage's matrices alike, or all in block formats).
+  if (s == Stage::Embedding && stage_matrix_quantized(s)) n.weights = oracle::Precision::F32;  // rows dequantized
+  if (T == 1 && s != Stage::Embedding && stage_matrix_quantized(s)) {
+    n.weights = oracle::Precision::F32;
+    n.matmul_inputs = oracle::Precision::Q8x2_32;
+  }
   return n;
+}
+
+bool CpuRunner::stage_matrix_quantized(Stage s) const {
+  std::string name;
+  switch (s) {
+    case Stage::QkvProj: name = layer(0).q->name; break;
+    case Stage::OProj: name = layer(0).o->name; break;
+    case Stage::GateUpProj: name = layer(0).gate->name; break;
+    case Stage::DownProj: name = layer(0).down->name; break;
+    case Stage::LmHead: name = model_.lm_head().name; break;
+    case Stage::Embedding: name = "model.embed_tokens.weight"; break;
+    default: return false;
+  }
+  return matrix(name).quantized();
 }
 
 bool CpuRunner::fuses_linears(Stage s, int64_t T) const {
@@ -195,11 +217,14 @@ nlohmann::json CpuRunner::build_plan(const Model& model) const {
                  {"kernels",
                   {{"fused_linears", {{"prefill", options_.fused_prefill}, {"decode", options_.fused_decode}}},
                    {"gemm_blocking", {{"kc", options_.blocking.kc}, {"tc", options_.blocking.tc}}}}}};
-  plan["weights"] = {{"dtype", "bf16"},
-                     {"mapped_bytes", mapped_weight_bytes()},
-                     {"converted_bytes", owned_weight_bytes()},
-                     {"residency", owned_weight_bytes() == 0 ? "memory-mapped from the checkpoint"
-                                                             : "converted to bf16 once at load (the file is not bf16 in HF layout)"}};
+  std::vector<std::string> formats;
+  for (const auto& [f, n] : weights_->formats()) formats.push_back(fmt::format("{} {}", n, f));
+  plan["weights"] = {{"dtype", fmt::format("{}", fmt::join(formats, ", "))},
+                     {"mapped_bytes", weights_->mapped_bytes()},
+                     {"tiled_bytes", weights_->tiled_bytes()},
+                     {"converted_bytes", weights_->converted_bytes()},
+                     {"residency", "bf16 mapped from the checkpoint; block formats the cpu reads (Q8_0, Q4_0, Q4_1) "
+                                   "re-laid as 16-row tiles of the same bytes; anything else converted to bf16 once"}};
   plan["kv_cache"] = {{"bytes_per_position", kv_bytes_per_position()}, {"growth", "on demand"}};
   plan["dispatches"] = one_op_per_dispatch(s, "cpu");
   plan["host_ops"] = nlohmann::json::array();  // the cpu target is the host: nothing is left behind
@@ -207,7 +232,7 @@ nlohmann::json CpuRunner::build_plan(const Model& model) const {
   return plan;
 }
 
-const cpu::Bf16Matrix& CpuRunner::matrix(const std::string& name) const { return weights_->get(name); }
+const cpu::WeightMatrix& CpuRunner::matrix(const std::string& name) const { return weights_->get(name); }
 
 int64_t CpuRunner::weight_bytes_per_token() const { return decode_weight_bytes(*weights_); }
 

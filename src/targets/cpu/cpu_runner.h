@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "targets/cpu/kernels.h"
+#include "targets/cpu/weight_store.h"
 #include "targets/layered_runner.h"
 
 namespace tessera {
@@ -64,11 +65,9 @@ class CpuRunner final : public LayeredRunner {
   // cpu only.
   const CpuOptions& options() const { return options_; }
   int threads() const;
-  // Weight bytes the runner reads from the file mapping vs holds converted in memory.
-  int64_t mapped_weight_bytes() const { return weights_->mapped_bytes(); }
-  int64_t owned_weight_bytes() const { return weights_->owned_bytes(); }
-  // The weights as the kernels see them.
-  const cpu::Bf16Matrix& matrix(const std::string& canonical_name) const;
+  // The weights as the kernels read them (see cpu/weight_store.h).
+  const CpuWeightStore& weights() const { return *weights_; }
+  const cpu::WeightMatrix& matrix(const std::string& canonical_name) const;
   cpu::ThreadPool& pool() { return *pool_; }
   cpu::KvCache& cache() { return *cache_; }
 
@@ -85,12 +84,13 @@ class CpuRunner final : public LayeredRunner {
   void kernel_silu_mul(const float* gate, const float* up, int64_t T, float* out) override;
   void kernel_add(Stage which, float* acc, const float* x, int64_t T) override;
   int oracle_threads() const override { return threads(); }
+  bool stage_matrix_quantized(Stage s) const;
 
  private:
   CpuOptions options_;
   std::unique_ptr<cpu::ThreadPool> pool_;
   std::unique_ptr<cpu::KvCache> cache_;
-  std::unique_ptr<Bf16WeightStore> weights_;  // mapped from the file, or converted once
+  std::unique_ptr<CpuWeightStore> weights_;
 };
 
 }  // namespace tessera

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "targets/cpu/kernels_internal.h"
+#include "targets/cpu/quant.h"
 #include "util/half.h"
 #include "util/error.h"
 
@@ -84,28 +85,88 @@ void set_isa(const std::string& name) {
   }
 }
 
-// ---------------------------------------------------------------- element-wise kernels
-void matmul(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool,
+// ---------------------------------------------------------------- matmul
+Bf16Matrix WeightMatrix::bf16() const {
+  if (quantized()) fail("cpu kernels: a {} matrix read as bf16", dtype_name(dtype));
+  return Bf16Matrix{static_cast<const uint16_t*>(data), rows, cols};
+}
+
+int64_t WeightMatrix::bytes() const { return quantized() ? x16_bytes(dtype, rows, cols) : rows * cols * 2; }
+
+namespace {
+
+void check_quantized(const WeightMatrix& w) {
+  if (!x16_supported(w.dtype)) fail("cpu kernels: no kernel reads {} weights", dtype_name(w.dtype));
+  if (w.cols % kQBlock != 0)
+    fail("cpu kernels: a {} matrix of {} columns (a multiple of {} expected)", dtype_name(w.dtype), w.cols, kQBlock);
+}
+
+// The portable quantized matmul (no AVX-512): the same numerics as the AVX-512 path, plain
+// loops the compiler vectorizes for the baseline ISA. T == 1: x quantized per block, one
+// integer dot per block scaled by both scales; T > 1: rows dequantized to bf16, bf16 x.
+void matmul_quantized_portable(const float* x, int64_t T, const WeightMatrix& w, const float* bias, float* y,
+                               ThreadPool& pool) {
+  const int64_t N = w.rows, K = w.cols, groups = (N + kTileRows - 1) / kTileRows;
+  if (T == 1) {
+    Q8Row xq;
+    xq.quantize(x, K);
+    pool.parallel_for(groups, [&](int64_t g0, int64_t g1) {
+      const int64_t r0 = g0 * kTileRows, r1 = std::min(N, g1 * kTileRows);
+      x16_gemv_rows(xq, w.dtype, w.tiles(), K, r0, r1, y);
+      if (bias)
+        for (int64_t r = r0; r < r1; ++r) y[r] += bias[r];
+    });
+    return;
+  }
+  std::vector<float> xr(x, x + T * K);
+  for (float& v : xr) v = bf16_to_f32(f32_to_bf16(v));
+  pool.parallel_for(groups, [&](int64_t g0, int64_t g1) {
+    std::vector<uint16_t> wb(size_t(kTileRows * K));
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t r0 = g * kTileRows, r1 = std::min(N, r0 + kTileRows);
+      x16_rows_bf16(w.dtype, w.tiles(), K, r0, r1, 0, K, wb.data(), K);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t r = r0; r < r1; ++r) {
+          const uint16_t* wr = wb.data() + (r - r0) * K;
+          const float* xt = xr.data() + t * K;
+          float acc = 0;
+          for (int64_t k = 0; k < K; ++k) acc += xt[k] * bf16_to_f32(wr[k]);
+          y[t * N + r] = bias ? acc + bias[r] : acc;
+        }
+    }
+  });
+}
+
+}  // namespace
+
+void matmul(const float* x, int64_t T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool,
             const GemmBlocking& blocking) {
   if (!blocking.valid())
     fail("matmul: cache blocking kc {} (a positive multiple of 32) and tc {} (positive)", blocking.kc, blocking.tc);
+  if (w.quantized()) check_quantized(w);
   if (T <= 0 || w.rows <= 0) return;
   if (w.cols <= 0) {
     for (int64_t t = 0; t < T; ++t)
       for (int64_t n = 0; n < w.rows; ++n) y[t * w.rows + n] = bias ? bias[n] : 0.0f;
     return;
   }
-  if (use_avx512bf16())
-    matmul_avx512bf16(x, T, w, bias, y, pool, blocking);
-  else
-    matmul_hwy(x, T, w, bias, y, pool);
+  if (use_avx512bf16()) {
+    const MatmulOut out{&w, bias, y};
+    matmul_avx512bf16(x, T, std::span<const MatmulOut>(&out, 1), pool, blocking);
+  } else if (w.quantized()) {
+    matmul_quantized_portable(x, T, w, bias, y, pool);
+  } else {
+    matmul_hwy(x, T, w.bf16(), bias, y, pool);
+  }
 }
 
 void matmul_shared_input(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool,
                          const GemmBlocking& blocking) {
   const int64_t K = outs.empty() ? 0 : outs[0].w->cols;
-  for (const MatmulOut& o : outs)
+  for (const MatmulOut& o : outs) {
     if (o.w->cols != K) fail("matmul_shared_input: matrices of {} and {} columns share one input", K, o.w->cols);
+    if (o.w->quantized()) check_quantized(*o.w);
+  }
   if (T <= 0 || K <= 0 || !use_avx512bf16()) {
     for (const MatmulOut& o : outs) matmul(x, T, *o.w, o.bias, o.y, pool, blocking);
     return;
@@ -113,6 +174,7 @@ void matmul_shared_input(const float* x, int64_t T, std::span<const MatmulOut> o
   matmul_avx512bf16(x, T, outs, pool, blocking);
 }
 
+// ---------------------------------------------------------------- element-wise kernels
 void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) {
   rmsnorm_hwy(x, w, out, rows, n, eps);
 }
@@ -125,11 +187,15 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) { silu_
 
 void add(float* h, const float* x, int64_t n) { add_hwy(h, x, n); }
 
-void embedding(const Bf16Matrix& table, const int32_t* ids, int64_t T, float* out) {
+void embedding(const WeightMatrix& table, const int32_t* ids, int64_t T, float* out) {
+  if (table.quantized()) check_quantized(table);
   for (int64_t t = 0; t < T; ++t) {
     const int64_t id = ids[t];
     if (id < 0 || id >= table.rows) fail("token id {} is outside the embedding table ({} rows)", id, table.rows);
-    bf16_rows_to_f32_hwy(table.data + id * table.cols, out + t * table.cols, table.cols);
+    if (table.quantized())
+      x16_rows_f32(table.dtype, table.tiles(), table.cols, id, id + 1, 0, table.cols, out + t * table.cols, table.cols);
+    else
+      bf16_rows_to_f32_hwy(table.bf16().data + id * table.cols, out + t * table.cols, table.cols);
   }
 }
 

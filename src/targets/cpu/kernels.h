@@ -1,4 +1,4 @@
-// The cpu target's kernels: BF16 weights, FP32 activations and accumulation, vectorized
+// The cpu target's kernels: BF16 or block-quantized weights, FP32 activations and accumulation, vectorized
 // with run-time dispatch (AVX-512 BF16 where the CPU has it, Highway's best target
 // otherwise: AVX-512, AVX2, ... down to scalar) and multi-threaded on a persistent pool.
 // Every kernel has its reference twin in oracle/ops.h.
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "io/tensor.h"
 #include "targets/bf16_weights.h"
 
 namespace tessera::cpu {
@@ -50,6 +51,22 @@ class ThreadPool {
 // A row-major BF16 matrix [rows, cols] (a Linear weight is [out_features, in_features]).
 using Bf16Matrix = ::tessera::Bf16Matrix;  // targets/bf16_weights.h
 
+// A weight matrix [rows, cols] as the kernels read it: BF16 rows, or a GGML block format
+// (Q8_0, Q4_0, Q4_1) re-laid as tiles of 16 rows (targets/cpu/quant.h).
+struct WeightMatrix {
+  DType dtype = DType::BF16;
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  WeightMatrix() = default;
+  WeightMatrix(const Bf16Matrix& m) : data(m.data), rows(m.rows), cols(m.cols) {}  // NOLINT: a bf16 view
+  WeightMatrix(DType t, const void* d, int64_t r, int64_t c) : dtype(t), data(d), rows(r), cols(c) {}
+  bool quantized() const { return dtype != DType::BF16; }
+  Bf16Matrix bf16() const;  // throws unless BF16
+  const uint8_t* tiles() const { return static_cast<const uint8_t*>(data); }
+  int64_t bytes() const;  // what one pass over the matrix reads
+};
+
 // The prefill GEMM's cache blocking (the AVX-512 BF16 packed path; others ignore it): K per
 // packed weight panel (kept in L1, a multiple of 32) and token rows per block (activations
 // and the scratch tile kept in L2). A plan's tile-tune chooses them per machine.
@@ -59,13 +76,16 @@ struct GemmBlocking {
   bool valid() const { return kc >= 32 && kc % 32 == 0 && tc >= 1; }
 };
 
-// y[T, N] = x[T, K] . W[N, K]^T (+ bias[N]); T == 1 is the decode GEMV.
-void matmul(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool,
+// y[T, N] = x[T, K] . W[N, K]^T (+ bias[N]); T == 1 is the decode GEMV. Quantized weights:
+// the GEMV quantizes x per 32-value block to two int8 terms (cpu/quant.h Q8Row) and multiplies the
+// blocks as they are (VNNI, or exact fp32 dequantization off the AVX-512 path); T > 1
+// dequantizes each block of weight rows once into bf16 and runs the bf16 GEMM on it.
+void matmul(const float* x, int64_t T, const WeightMatrix& w, const float* bias, float* y, ThreadPool& pool,
             const GemmBlocking& blocking = {});
 
 // One output of matmuls that share their input: y[T, w.rows] = x . w^T (+ bias).
 struct MatmulOut {
-  const Bf16Matrix* w;
+  const WeightMatrix* w;
   const float* bias;  // may be null
   float* y;
 };
@@ -89,8 +109,8 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 // h += x.
 void add(float* h, const float* x, int64_t n);
 
-// out[t] = table[ids[t]] upcast to fp32.
-void embedding(const Bf16Matrix& table, const int32_t* ids, int64_t T, float* out);
+// out[t] = table[ids[t]] upcast to fp32 (quantized tables: dequantized exactly).
+void embedding(const WeightMatrix& table, const int32_t* ids, int64_t T, float* out);
 
 // Keys and values of every layer, grown on demand (never allocated for the model's whole
 // context up front). The storage type is the cache's business; rows go in and out as fp32.

@@ -1,4 +1,5 @@
-// Hand-written AVX-512 BF16 matmul (vdpbf16ps), selected at run time by cpuid. Highway
+// Hand-written AVX-512 BF16 matmul (vdpbf16ps) and, for quantized weights, AVX-512 VNNI
+// GEMV (vpdpbusd), selected at run time by cpuid. Highway
 // 1.0.3 has no dot-product-of-bf16 op, so this path uses intrinsics under function target
 // attributes; the file compiles without any special flags.
 //
@@ -26,8 +27,11 @@
 #include <vector>
 
 #include "targets/cpu/kernels_internal.h"
+#include "targets/cpu/quant.h"
+#include "util/error.h"
+#include "util/half.h"
 
-#define TS_BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma")))
+#define TS_BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vnni,fma")))
 #define TS_BF16_INLINE TS_BF16 inline __attribute__((always_inline))
 
 namespace tessera::cpu::detail {
@@ -35,8 +39,10 @@ namespace tessera::cpu::detail {
 bool cpu_has_avx512bf16() {
   static const bool has = [] {
     __builtin_cpu_init();
+    // Every CPU with AVX-512 BF16 also has VNNI (the quantized GEMV's dot products).
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
+           __builtin_cpu_supports("avx512vnni");
   }();
   return has;
 }
@@ -215,10 +221,10 @@ TS_BF16 void gemv_range(const uint16_t* xb, const uint16_t* wd, int64_t K, const
   }
 }
 
-// Rows [n0, n1) of y for all T tokens.
+// Rows [n0, n1) of y (row stride N) for all T tokens.
 void gemm_range(const uint16_t* xb, int64_t Kp, int64_t T, const Bf16Matrix& w, const float* bias, float* y,
-                int64_t n0, int64_t n1) {
-  const int64_t K = w.cols, N = w.rows;
+                int64_t N, int64_t n0, int64_t n1) {
+  const int64_t K = w.cols;
   // K blocks keep a weight panel (NR x Kc) in L1; T blocks keep activations (Tc x Kc) in L2.
   const int64_t Kc = K <= 3072 ? K : 2048;
   const int64_t Tc = std::max<int64_t>(kMR, (std::min<int64_t>(T, 256 * 1024 / (2 * std::min(Kc, K)) / kMR * kMR)));
@@ -345,9 +351,10 @@ TS_BF16 void store_scratch(const float* c, int64_t rows, int cols, float* y, int
     }
 }
 
+// Rows [n0, n1) of y (row stride N) for all T tokens.
 void gemm_packed_range(const uint16_t* xb, int64_t xs, int64_t T, const Bf16Matrix& w, const float* bias, float* y,
-                       int64_t n0, int64_t n1, const GemmBlocking& blk) {
-  const int64_t K = w.cols, N = w.rows;
+                       int64_t N, int64_t n0, int64_t n1, const GemmBlocking& blk) {
+  const int64_t K = w.cols;
   const int64_t Kc = blk.kc;  // K per packed panel (a multiple of 32): the panel stays in L1
   const int64_t Tc = blk.tc;       // activations [Tc, Kc] and the scratch tile [Tc, 64] stay in L2
   thread_local std::vector<uint32_t, AlignedAlloc<uint32_t>> pbuf;
@@ -391,13 +398,102 @@ void gemm_packed_range(const uint16_t* xb, int64_t xs, int64_t T, const Bf16Matr
   }
 }
 
-}  // namespace
+// ---- Quantized weights (x16 tiles, quant.h). Decode: x as two int8 terms per block (Q8Row);
+// each tile is 16 rows x 32 values, its quantized bytes four (4-bit) or eight (8-bit) vectors
+// whose 32-bit lane i holds four consecutive values of row i, so one vpdpbusd advances 16
+// rows by four values against four broadcast bytes of x. About 34 vector instructions per
+// 4-bit tile (512 weights): the unpacking (3 per vector), 16 dot products (x's two terms),
+// the scales (6); measured, the GEMV stays bound by the memory, not by them.
 
-void matmul_avx512bf16(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y,
-                       ThreadPool& pool, const GemmBlocking& blocking) {
-  const MatmulOut out{&w, bias, y};
-  matmul_avx512bf16(x, T, std::span<const MatmulOut>(&out, 1), pool, blocking);
+// y[16 g + i] for tile rows of groups [g0, g1), masked at the matrix's last row.
+template <DType kType>
+TS_BF16 void gemv_x16(const Q8Row& x, const uint8_t* tiles, int64_t N, int64_t K, const float* bias, float* y,
+                      int64_t g0, int64_t g1) {
+  const int64_t blocks = K / kQBlock, tb = kTileRows * dtype_block_bytes(kType);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512 lo_scale = _mm512_set1_ps(1.0f / Q8Row::kLoScale);
+  const int32_t* xh = reinterpret_cast<const int32_t*>(x.hi.data());
+  const int32_t* xl = reinterpret_cast<const int32_t*>(x.lo.data());
+  constexpr int32_t kOffset = kType == DType::Q4_0 ? 8 : kType == DType::Q8_0 ? 128 : 0;  // in the tile's bytes
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* tile = tiles + g * blocks * tb;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b, tile += tb) {
+      // As the bf16 GEMV: ask for the stream ahead, across the 4 KiB pages where the hardware
+      // prefetchers stop.
+      for (int64_t line = 0; line < tb; line += 64) _mm_prefetch(reinterpret_cast<const char*>(tile) + 2048 + line, _MM_HINT_T0);
+      const int32_t* bh = xh + b * 8;  // the block's 32 values of each term as 8 groups of four
+      const int32_t* bl = xl + b * 8;
+      __m512i sh = _mm512_set1_epi32(-kOffset * x.sum_hi[size_t(b)]);
+      __m512i sl = _mm512_set1_epi32(-kOffset * x.sum_lo[size_t(b)]);
+      if constexpr (kType == DType::Q8_0) {
+        const uint8_t* qs = tile + 32;
+        for (int j = 0; j < 8; ++j) {
+          const __m512i v = _mm512_loadu_si512(qs + 64 * j);
+          sh = _mm512_dpbusd_epi32(sh, v, _mm512_set1_epi32(bh[j]));
+          sl = _mm512_dpbusd_epi32(sl, v, _mm512_set1_epi32(bl[j]));
+        }
+      } else {
+        const uint8_t* qs = tile + (kType == DType::Q4_1 ? 64 : 32);
+        for (int c = 0; c < 4; ++c) {
+          const __m512i v = _mm512_loadu_si512(qs + 64 * c);
+          const __m512i lo = _mm512_and_si512(v, low4);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+          sh = _mm512_dpbusd_epi32(sh, lo, _mm512_set1_epi32(bh[2 * c]));
+          sl = _mm512_dpbusd_epi32(sl, lo, _mm512_set1_epi32(bl[2 * c]));
+          sh = _mm512_dpbusd_epi32(sh, hi, _mm512_set1_epi32(bh[2 * c + 1]));
+          sl = _mm512_dpbusd_epi32(sl, hi, _mm512_set1_epi32(bl[2 * c + 1]));
+        }
+      }
+      const float xd = x.d[size_t(b)];
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile)));
+      const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), lo_scale, _mm512_cvtepi32_ps(sh));
+      acc0 = _mm512_fmadd_ps(dot, _mm512_mul_ps(dw, _mm512_set1_ps(xd)), acc0);
+      if constexpr (kType == DType::Q4_1) {
+        const float xsum = float(x.sum_hi[size_t(b)]) + float(x.sum_lo[size_t(b)]) * (1.0f / Q8Row::kLoScale);
+        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 32)));
+        acc1 = _mm512_fmadd_ps(mw, _mm512_set1_ps(xd * xsum), acc1);
+      }
+    }
+    __m512 out = _mm512_add_ps(acc0, acc1);
+    const int64_t n = g * kTileRows, rows = std::min<int64_t>(kTileRows, N - n);
+    const __mmask16 m = rows == 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
+    if (bias) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(m, bias + n));
+    _mm512_mask_storeu_ps(y + n, m, out);
+  }
 }
+
+void gemv_quantized(const Q8Row& x, const WeightMatrix& w, const float* bias, float* y, int64_t g0, int64_t g1) {
+  switch (w.dtype) {
+    case DType::Q4_0: return gemv_x16<DType::Q4_0>(x, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q4_1: return gemv_x16<DType::Q4_1>(x, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q8_0: return gemv_x16<DType::Q8_0>(x, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
+    default: fail("cpu kernels: no AVX-512 kernel reads {} weights", dtype_name(w.dtype));
+  }
+}
+
+// T > 1 on quantized weights: each block of up to 64 rows is dequantized once into a bf16
+// scratch [64, K] (kept in L2) and the bf16 GEMM runs on it for all T tokens, so the blocks
+// are expanded once per call whatever T is.
+constexpr int64_t kDequantRows = 64;
+void gemm_quantized_range(const uint16_t* xb, int64_t xs, int64_t T, const WeightMatrix& w, const float* bias,
+                          float* y, int64_t n0, int64_t n1, const GemmBlocking& blk) {
+  const int64_t K = w.cols, N = w.rows;
+  thread_local std::vector<uint16_t, AlignedAlloc<uint16_t>> scratch;
+  if (scratch.size() < size_t(kDequantRows * K)) scratch.resize(size_t(kDequantRows * K));
+  for (int64_t r0 = n0; r0 < n1; r0 += kDequantRows) {
+    const int64_t rows = std::min(kDequantRows, n1 - r0);
+    x16_rows_bf16(w.dtype, w.tiles(), K, r0, r0 + rows, 0, K, scratch.data(), K);
+    const Bf16Matrix part{scratch.data(), rows, K};
+    const float* b = bias ? bias + r0 : nullptr;
+    if (T >= kPackedMinT)
+      gemm_packed_range(xb, xs, T, part, b, y + r0, N, 0, rows, blk);
+    else
+      gemm_range(xb, xs, T, part, b, y + r0, N, 0, rows);
+  }
+}
+
+}  // namespace
 
 void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool,
                        const GemmBlocking& blocking) {
@@ -406,20 +502,28 @@ void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> out
   // Row stride of the bf16 activations: K padded to 32, plus 32 so that rows are not a power
   // of two apart (which would alias cache sets for K = 2048, 8192, ...).
   const int64_t Kp = (K + 31) / 32 * 32 + 32;
+  bool any_bf16 = T > 1, any_quantized = false;
+  for (const MatmulOut& o : outs) (o.w->quantized() ? any_quantized : any_bf16) = true;
   thread_local std::vector<uint16_t> xb_buf;
-  if (xb_buf.size() < size_t(T * Kp)) xb_buf.resize(size_t(T * Kp));
-  uint16_t* xb = xb_buf.data();
-  if (T >= 16)
-    pool.parallel_for(T, [&](int64_t b, int64_t e) { convert_rows(x + b * K, e - b, K, Kp, xb + b * Kp); });
-  else
-    convert_rows(x, T, K, Kp, xb);
+  uint16_t* xb = nullptr;
+  if (any_bf16) {
+    if (xb_buf.size() < size_t(T * Kp)) xb_buf.resize(size_t(T * Kp));
+    xb = xb_buf.data();
+    if (T >= 16)
+      pool.parallel_for(T, [&](int64_t b, int64_t e) { convert_rows(x + b * K, e - b, K, Kp, xb + b * Kp); });
+    else
+      convert_rows(x, T, K, Kp, xb);
+  }
   if (T == 1) {
+    thread_local Q8Row xq_buf;  // the workers read the caller's (a pointer: not their own thread_local)
+    const Q8Row* xq = &xq_buf;
+    if (any_quantized) xq_buf.quantize(x, K);
     // Every matrix's rows in blocks of 16, numbered across the matrices in order, handed
     // out in dynamic chunks of >= 4 blocks (64 rows): a thread that the memory system
     // serves faster takes more, so neither waits at the barrier for the other.
     std::array<int64_t, 9> first{};  // first[i]: the first block of outs[i]
     if (outs.size() + 1 > first.size()) {
-      for (const MatmulOut& o : outs) matmul_avx512bf16(x, T, *o.w, o.bias, o.y, pool, blocking);
+      for (const MatmulOut& o : outs) matmul_avx512bf16(x, T, std::span<const MatmulOut>(&o, 1), pool, blocking);
       return;
     }
     for (size_t i = 0; i < outs.size(); ++i) first[i + 1] = first[i] + (outs[i].w->rows + 15) / 16;
@@ -432,7 +536,10 @@ void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> out
             if (b >= first[i + 1]) continue;
             const MatmulOut& o = outs[i];
             const int64_t b0 = b - first[i], b1 = std::min(e, first[i + 1]) - first[i];
-            gemv_range(xb, o.w->data, K, o.bias, o.y, b0 * 16, std::min(o.w->rows, b1 * 16));
+            if (o.w->quantized())
+              gemv_quantized(*xq, *o.w, o.bias, o.y, b0, b1);
+            else
+              gemv_range(xb, o.w->bf16().data, K, o.bias, o.y, b0 * 16, std::min(o.w->rows, b1 * 16));
             b = first[i + 1];
           }
         },
@@ -440,17 +547,22 @@ void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> out
     return;
   }
   for (const MatmulOut& o : outs) {
-    const Bf16Matrix& w = *o.w;
+    const WeightMatrix& w = *o.w;
     const int64_t N = w.rows;
-    if (T >= kPackedMinT) {
+    if (w.quantized()) {
       const int64_t units = (N + 15) / 16;  // threads split N in groups of 16 rows
       pool.parallel_for(units, [&](int64_t b, int64_t e) {
-        gemm_packed_range(xb, Kp, T, w, o.bias, o.y, b * 16, std::min(N, e * 16), blocking);
+        gemm_quantized_range(xb, Kp, T, w, o.bias, o.y, b * 16, std::min(N, e * 16), blocking);
+      });
+    } else if (T >= kPackedMinT) {
+      const int64_t units = (N + 15) / 16;  // threads split N in groups of 16 rows
+      pool.parallel_for(units, [&](int64_t b, int64_t e) {
+        gemm_packed_range(xb, Kp, T, w.bf16(), o.bias, o.y, N, b * 16, std::min(N, e * 16), blocking);
       });
     } else {
       const int64_t panels = (N + kNR - 1) / kNR;
       pool.parallel_for(panels, [&](int64_t b, int64_t e) {
-        gemm_range(xb, Kp, T, w, o.bias, o.y, b * kNR, std::min(N, e * kNR));
+        gemm_range(xb, Kp, T, w.bf16(), o.bias, o.y, N, b * kNR, std::min(N, e * kNR));
       });
     }
   }

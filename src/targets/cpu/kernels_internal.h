@@ -33,11 +33,9 @@ namespace detail {
 bool use_avx512bf16();
 bool cpu_has_avx512bf16();
 
-// Hand-written AVX-512 BF16 matmul (kernels_avx512bf16.cc).
-void matmul_avx512bf16(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y,
-                       ThreadPool& pool, const GemmBlocking& blocking = {});
-// The same for matrices sharing x (all of x's K columns, K > 0): x is rounded once; at T == 1
-// one parallel region covers every matrix's rows.
+// Hand-written AVX-512 BF16 / VNNI matmul (kernels_avx512bf16.cc) of matrices sharing x (all
+// of x's K columns, K > 0; one or more): x is rounded (or quantized) once; at T == 1 one
+// parallel region covers every matrix's rows.
 void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool,
                        const GemmBlocking& blocking = {});
 

@@ -1,0 +1,72 @@
+#include "targets/cpu/weight_store.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <new>
+
+#include "io/weights.h"
+#include "targets/cpu/quant.h"
+#include "util/error.h"
+#include "util/mapped_file.h"
+
+namespace tessera {
+
+void CpuWeightStore::Free::operator()(uint8_t* p) const { std::free(p); }
+
+CpuWeightStore::CpuWeightStore(Bf16WeightStore::ParallelFor parallel_for)
+    : parallel_for_(parallel_for), bf16_(std::move(parallel_for)) {}
+
+CpuWeightStore::~CpuWeightStore() = default;
+
+const cpu::WeightMatrix& CpuWeightStore::load(const Weight& w) {
+  if (auto it = matrices_.find(w.name); it != matrices_.end()) return it->second;
+  const DType t = w.info.dtype;
+  const int64_t rows = w.rows(), cols = w.cols();
+  if (!cpu::x16_supported(t) || cols % cpu::kQBlock != 0) {
+    const int64_t mapped = bf16_.mapped_bytes();
+    const cpu::WeightMatrix m(bf16_.load(w));
+    format_[w.name] = bf16_.mapped_bytes() > mapped ? "bf16 mapped" : fmt::format("bf16 converted from {}", dtype_name(t));
+    return matrices_[w.name] = m;
+  }
+  const int64_t bytes = cpu::x16_bytes(t, rows, cols);
+  uint8_t* out = static_cast<uint8_t*>(std::aligned_alloc(64, size_t((bytes + 63) / 64 * 64)));
+  if (!out) throw std::bad_alloc();
+  tiles_.emplace_back(out);
+  const uint64_t row_bytes = dtype_bytes(t, cols);
+  const int64_t groups = (rows + cpu::kTileRows - 1) / cpu::kTileRows, blocks = cols / cpu::kQBlock;
+  const int64_t tile = cpu::x16_tile_bytes(t);
+  // Each group of 16 rows is independent: pack them in parallel.
+  auto pack = [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const uint8_t* src[cpu::kTileRows];
+      for (int64_t i = 0; i < cpu::kTileRows; ++i) {
+        const int64_t r = g * cpu::kTileRows + i;
+        src[i] = r < rows ? w.info.data + uint64_t(w.source_row(r)) * row_bytes : nullptr;
+      }
+      for (int64_t b = 0; b < blocks; ++b) cpu::x16_pack_tile(t, src, b, out + (g * blocks + b) * tile);
+    }
+  };
+  if (parallel_for_) parallel_for_(groups, pack);
+  else pack(0, groups);
+  // The tiles replace the file's rows: give their pages back (read again only if another
+  // reader, the oracle, asks for them).
+  if (w.info.file) w.info.file->release(w.info.data, w.info.nbytes);
+  tiled_bytes_ += bytes;
+  format_[w.name] = fmt::format("{} x16 tiles", dtype_name(t));
+  return matrices_[w.name] = cpu::WeightMatrix(t, out, rows, cols);
+}
+
+std::map<std::string, int64_t> CpuWeightStore::formats() const {
+  std::map<std::string, int64_t> out;
+  for (const auto& [name, f] : format_) ++out[f];
+  return out;
+}
+
+const cpu::WeightMatrix& CpuWeightStore::get(const std::string& name) const {
+  auto it = matrices_.find(name);
+  if (it == matrices_.end()) fail("no cpu weight matrix '{}' was loaded", name);
+  return it->second;
+}
+
+}  // namespace tessera

@@ -1,0 +1,45 @@
+// The cpu target's weights: what each matrix is as the kernels read it, loaded once.
+//  - BF16 in Hugging Face row order: the file's pages, mapped (no copy);
+//  - Q8_0, Q4_0, Q4_1 (whole 32-value blocks per row): re-laid as x16 tiles (cpu/quant.h),
+//    the same bytes per block, and the file's pages released once copied, so memory stays
+//    the file's size;
+//  - anything else (F32, F16, the other block formats, or permuted on disk): converted to
+//    bf16 once (Bf16WeightStore).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "targets/bf16_weights.h"
+#include "targets/cpu/kernels.h"
+
+namespace tessera {
+
+class CpuWeightStore {
+ public:
+  explicit CpuWeightStore(Bf16WeightStore::ParallelFor parallel_for = {});
+  ~CpuWeightStore();
+
+  const cpu::WeightMatrix& load(const Weight& w);              // once per name
+  const cpu::WeightMatrix& get(const std::string& name) const;  // throws naming the weight
+  int64_t mapped_bytes() const { return bf16_.mapped_bytes(); }
+  int64_t converted_bytes() const { return bf16_.owned_bytes(); }  // bf16 copies
+  int64_t tiled_bytes() const { return tiled_bytes_; }           // x16 tiles (the file's blocks)
+  // How each loaded matrix is held, counted: "Q4_1 x16 tiles" -> 210, "bf16 mapped" -> ...
+  std::map<std::string, int64_t> formats() const;
+
+ private:
+  Bf16WeightStore::ParallelFor parallel_for_;
+  Bf16WeightStore bf16_;
+  std::map<std::string, cpu::WeightMatrix> matrices_;
+  std::map<std::string, std::string> format_;  // by name
+  struct Free {
+    void operator()(uint8_t* p) const;
+  };
+  std::vector<std::unique_ptr<uint8_t, Free>> tiles_;
+  int64_t tiled_bytes_ = 0;
+};
+
+}  // namespace tessera

@@ -1,0 +1,232 @@
+// The cpu kernels on quantized weights: the x16 tiles hold exactly the file's values, and the
+// GEMV / GEMM on them compute what their declared numerics say, on every ISA path.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "io/weights.h"
+#include "oracle/emulate.h"
+#include "targets/cpu/kernels.h"
+#include "targets/cpu/quant.h"
+#include "targets/cpu/weight_store.h"
+#include "util/error.h"
+#include "util/half.h"
+
+namespace tessera {
+namespace {
+
+uint16_t f16_bits(float f) {
+  const _Float16 h = static_cast<_Float16>(f);
+  uint16_t u;
+  std::memcpy(&u, &h, 2);
+  return u;
+}
+
+// A [rows, cols] matrix of random blocks of type t, as a file stores it: scales of either
+// sign over two decades, every quantized value reachable (int8 -128 included).
+std::vector<uint8_t> random_blocks(DType t, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> mag(-4.6f, -2.3f);  // |d| in [0.01, 0.1]
+  std::uniform_int_distribution<int> byte(0, 255);
+  const int64_t bb = dtype_block_bytes(t), blocks = rows * cols / 32;
+  std::vector<uint8_t> out(size_t(blocks * bb));
+  for (int64_t b = 0; b < blocks; ++b) {
+    uint8_t* p = out.data() + b * bb;
+    for (int64_t i = 0; i < bb; ++i) p[i] = uint8_t(byte(rng));
+    const uint16_t d = f16_bits((byte(rng) & 1 ? 1.0f : -1.0f) * std::exp(mag(rng)));
+    std::memcpy(p, &d, 2);
+    if (t == DType::Q4_1) {
+      const uint16_t m = f16_bits((byte(rng) & 1 ? 0.5f : -0.5f) * std::exp(mag(rng)));
+      std::memcpy(p + 2, &m, 2);
+    }
+  }
+  return out;
+}
+
+Weight file_weight(const std::string& name, DType t, const std::vector<uint8_t>& bytes, int64_t rows, int64_t cols,
+                   int64_t unpermute_head_dim = 0) {
+  Weight w;
+  w.name = w.source_name = name;
+  w.info.name = name;
+  w.info.dtype = t;
+  w.info.shape = {rows, cols};
+  w.info.data = bytes.data();
+  w.info.nbytes = bytes.size();
+  w.unpermute_head_dim = unpermute_head_dim;
+  return w;
+}
+
+std::vector<float> randn(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+template <typename F>
+void for_each_isa(F&& body) {
+  for (const std::string& name : cpu::available_isas()) {
+    SCOPED_TRACE("isa " + name);
+    cpu::set_isa(name);
+    body();
+  }
+  cpu::set_isa("auto");
+}
+
+const DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0};
+
+TEST(CpuQuant, TilesHoldTheFilesValuesBitForBit) {
+  for (DType t : kTypes) {
+    SCOPED_TRACE(dtype_name(t));
+    for (const auto [rows, cols, hd] : {std::array<int64_t, 3>{37, 96, 0}, {64, 64, 16}, {16, 32, 0}}) {
+      const auto bytes = random_blocks(t, rows, cols, uint32_t(rows + cols));
+      const Weight w = file_weight("m", t, bytes, rows, cols, hd);
+      CpuWeightStore store;
+      const cpu::WeightMatrix& m = store.load(w);
+      ASSERT_EQ(m.dtype, t);
+      EXPECT_EQ(store.tiled_bytes(), cpu::x16_bytes(t, rows, cols));
+      std::vector<float> want(static_cast<size_t>(cols)), got(static_cast<size_t>(cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        w.row_f32(r, want.data());  // the oracle's dequantization, unpermuted
+        cpu::x16_rows_f32(t, m.tiles(), cols, r, r + 1, 0, cols, got.data(), cols);
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), size_t(cols) * 4)) << "row " << r;
+      }
+      // The embedding gathers the same values.
+      const int32_t ids[] = {int32_t(rows - 1), 0};
+      std::vector<float> emb(static_cast<size_t>(2 * cols));
+      cpu::embedding(m, ids, 2, emb.data());
+      w.row_f32(rows - 1, want.data());
+      EXPECT_EQ(0, std::memcmp(want.data(), emb.data(), size_t(cols) * 4));
+    }
+  }
+}
+
+// y = x . W^T in double over the operands as the declared numerics round them.
+std::vector<double> reference(const std::vector<float>& x, int64_t T, const Weight& w, const float* bias,
+                              oracle::Precision inputs, oracle::Precision weights) {
+  const int64_t N = w.rows(), K = w.cols();
+  std::vector<float> xr = x, row(static_cast<size_t>(K));
+  for (int64_t t = 0; t < T; ++t) oracle::emulated::round_all(inputs, xr.data() + t * K, K);
+  std::vector<double> y(size_t(T * N));
+  for (int64_t n = 0; n < N; ++n) {
+    w.row_f32(n, row.data());
+    oracle::emulated::round_all(weights, row.data(), K);
+    for (int64_t t = 0; t < T; ++t) {
+      double s = bias ? bias[n] : 0.0;
+      for (int64_t k = 0; k < K; ++k) s += double(xr[size_t(t * K + k)]) * row[size_t(k)];
+      y[size_t(t * N + n)] = s;
+    }
+  }
+  return y;
+}
+
+// Largest |got - want| over the scale of the products (sum of |x| |w| per output).
+double worst_error(const std::vector<float>& got, const std::vector<double>& want, const std::vector<float>& x,
+                   int64_t T, const Weight& w) {
+  const int64_t N = w.rows(), K = w.cols();
+  std::vector<float> row(static_cast<size_t>(K));
+  double worst = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    w.row_f32(n, row.data());
+    for (int64_t t = 0; t < T; ++t) {
+      double scale = 1e-30;
+      for (int64_t k = 0; k < K; ++k) scale += std::fabs(double(x[size_t(t * K + k)]) * row[size_t(k)]);
+      worst = std::max(worst, std::fabs(got[size_t(t * N + n)] - want[size_t(t * N + n)]) / scale);
+    }
+  }
+  return worst;
+}
+
+TEST(CpuQuant, MatmulComputesItsDeclaredNumerics) {
+  cpu::ThreadPool pool(2);
+  for (DType t : kTypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const int64_t N = 37, K = 1536;
+    const auto bytes = random_blocks(t, N, K, 7);
+    const Weight w = file_weight("m", t, bytes, N, K);
+    CpuWeightStore store;
+    const cpu::WeightMatrix& m = store.load(w);
+    const auto bias = randn(size_t(N), 3);
+    for (const int64_t T : {1, 3, 20}) {
+      SCOPED_TRACE("T=" + std::to_string(T));
+      auto x = randn(size_t(T * K), uint32_t(T));
+      x[5] *= 40;  // an outlier: the block's scale follows it
+      // T == 1: x as two int8 terms per block, the weights exact; T > 1: bf16 both.
+      const bool gemv = T == 1;
+      const auto want = reference(x, T, w, bias.data(), gemv ? oracle::Precision::Q8x2_32 : oracle::Precision::BF16,
+                                  gemv ? oracle::Precision::F32 : oracle::Precision::BF16);
+      // Against the exact product the int8 pair costs about max|x| / 64516 per value; one int8
+      // term (max|x| / 254) would be 250x that, far outside this bound.
+      const auto exact = reference(x, T, w, bias.data(), oracle::Precision::F32, oracle::Precision::F32);
+      for_each_isa([&] {
+        std::vector<float> y(size_t(T * N), -1.0f);
+        cpu::matmul(x.data(), T, m, bias.data(), y.data(), pool);
+        EXPECT_LT(worst_error(y, want, x, T, w), 2e-6);
+        if (gemv) {
+          EXPECT_LT(worst_error(y, exact, x, T, w), 1e-4);
+        }
+      });
+    }
+  }
+}
+
+TEST(CpuQuant, SharedInputMixesFormatsAndMatchesSeparateCalls) {
+  cpu::ThreadPool pool(2);
+  const int64_t K = 64;
+  const auto q4 = random_blocks(DType::Q4_1, 20, K, 1), q8 = random_blocks(DType::Q8_0, 33, K, 2);
+  CpuWeightStore store;
+  const cpu::WeightMatrix& a = store.load(file_weight("a", DType::Q4_1, q4, 20, K));
+  const cpu::WeightMatrix& b = store.load(file_weight("b", DType::Q8_0, q8, 33, K));
+  std::vector<uint16_t> bf(size_t(9 * K));
+  for (size_t i = 0; i < bf.size(); ++i) bf[i] = f32_to_bf16(float(int(i % 13) - 6) * 0.01f);
+  const cpu::WeightMatrix c = Bf16Matrix{bf.data(), 9, K};
+  for (const int64_t T : {1, 20}) {
+    const auto x = randn(size_t(T * K), 9);
+    std::vector<float> w0(size_t(T * 20)), w1(size_t(T * 33)), w2(size_t(T * 9));
+    cpu::matmul(x.data(), T, a, nullptr, w0.data(), pool);
+    cpu::matmul(x.data(), T, b, nullptr, w1.data(), pool);
+    cpu::matmul(x.data(), T, c, nullptr, w2.data(), pool);
+    std::vector<float> g0(w0.size()), g1(w1.size()), g2(w2.size());
+    const cpu::MatmulOut outs[] = {{&a, nullptr, g0.data()}, {&b, nullptr, g1.data()}, {&c, nullptr, g2.data()}};
+    cpu::matmul_shared_input(x.data(), T, outs, pool);
+    EXPECT_EQ(g0, w0);
+    EXPECT_EQ(g1, w1);
+    EXPECT_EQ(g2, w2);
+  }
+}
+
+TEST(CpuQuant, NonFiniteActivationsReachTheOutput) {
+  cpu::ThreadPool pool(2);
+  const auto bytes = random_blocks(DType::Q4_0, 16, 64, 5);
+  CpuWeightStore store;
+  const cpu::WeightMatrix& m = store.load(file_weight("m", DType::Q4_0, bytes, 16, 64));
+  for_each_isa([&] {
+    for (const float bad : {NAN, INFINITY}) {
+      auto x = randn(64, 1);
+      x[40] = bad;  // in the second block only
+      std::vector<float> y(16, 0.0f);
+      cpu::matmul(x.data(), 1, m, nullptr, y.data(), pool);
+      for (float v : y) EXPECT_FALSE(std::isfinite(v));
+    }
+  });
+}
+
+TEST(CpuQuant, RefusesWhatItCannotRead) {
+  cpu::ThreadPool pool(1);
+  std::vector<uint8_t> bytes(size_t(dtype_bytes(DType::Q4_K, 256)));
+  const cpu::WeightMatrix k(DType::Q4_K, bytes.data(), 1, 256);
+  std::vector<float> x(256), y(1);
+  EXPECT_THROW(cpu::matmul(x.data(), 1, k, nullptr, y.data(), pool), Error);
+  // A block format the tiles do not take is converted to bf16 by the store instead.
+  CpuWeightStore store;
+  const auto q4k = std::vector<uint8_t>(size_t(dtype_bytes(DType::Q4_K, 256)), 0);
+  EXPECT_FALSE(store.load(file_weight("k", DType::Q4_K, q4k, 1, 256)).quantized());
+  EXPECT_EQ(store.formats().at("bf16 converted from Q4_K"), 1);
+}
+
+}  // namespace
+}  // namespace tessera
