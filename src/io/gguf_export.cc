@@ -7,8 +7,16 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <thread>
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 
 #include "io/gguf_writer.h"
+#include "io/quantize.h"
 #include "model/tensors.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
@@ -160,14 +168,6 @@ Vocab vocab_from_hf(const Model& model, const std::string& pre_override) {
   return v;
 }
 
-struct OutTensor {
-  std::string gguf_name;
-  const Weight* w = nullptr;      // null for rope_freqs
-  std::vector<int64_t> shape;     // outermost first
-  DType dtype = DType::BF16;
-  int64_t permute_head_dim = 0;   // > 0: llama q/k
-};
-
 }  // namespace
 
 std::string canonical_to_gguf(const std::string& n) {
@@ -214,50 +214,93 @@ std::vector<float> llama3_rope_freq_factors(const ModelSpec& s) {
   return out;
 }
 
+std::vector<ExportTensor> export_tensors(const ModelSpec& s) {
+  const bool llama = s.arch == Arch::Llama;
+  // The tensors, in llama.cpp's order: embedding, layers, final norm, head, rope factors.
+  std::vector<ExportTensor> tensors;
+  for (const ExpectedTensor& e : expected_tensors(s)) {
+    ExportTensor t;
+    t.gguf_name = canonical_to_gguf(e.name);
+    if (t.gguf_name.empty()) fail("no GGUF name for tensor '{}'", e.name);
+    t.canonical = e.name;
+    t.shape = e.shape;
+    if (llama && (e.name.find(".self_attn.q_proj.") != std::string::npos ||
+                  e.name.find(".self_attn.k_proj.") != std::string::npos))
+      t.permute_head_dim = s.head_dim;
+    tensors.push_back(std::move(t));
+  }
+  const bool rope_factors = !s.rope_freq_factors.empty() || s.rope_scaling.type == RopeScaling::Type::Llama3;
+  if (rope_factors) {
+    if (!llama) fail("rope frequency factors on a {} model", arch_name(s.arch));
+    const int64_t n = s.rope_freq_factors.empty() ? s.head_dim / 2 : int64_t(s.rope_freq_factors.size());
+    tensors.push_back({"rope_freqs.weight", "", {n}, 0});
+  }
+  return tensors;
+}
+
+std::string export_temp_path(const std::string& out_path) {
+  return fmt::format("{}.{}.part", out_path, long(::getpid()));
+}
+
 GgufExportResult export_gguf_bf16(const Model& model, const GgufExportOptions& opts,
                                   const ExportProgress& progress) {
+  GgufExportOptions o = opts;
+  o.file_type = kFileTypeBf16;
+  o.types.clear();
+  return export_gguf(model, o, progress);
+}
+
+GgufExportResult export_gguf(const Model& model, const GgufExportOptions& opts, const ExportProgress& progress) {
   const ModelSpec& s = model.spec();
   if (opts.out_path.empty()) fail("no output path");
   {
     std::error_code ec;
     if (fs::exists(opts.out_path) && fs::equivalent(opts.out_path, model.path(), ec))
       fail("{}: the output would overwrite the input", opts.out_path);
+    if (fs::is_directory(opts.out_path, ec)) fail("{}: is a directory, not a file to write", opts.out_path);
   }
   const std::string arch = arch_name(s.arch);
-  const bool llama = s.arch == Arch::Llama;
-
-  // The tensors, in llama.cpp's order: embedding, layers, final norm, head, rope factors.
-  std::vector<OutTensor> tensors;
-  for (const ExpectedTensor& e : expected_tensors(s)) {
-    OutTensor t;
-    t.gguf_name = canonical_to_gguf(e.name);
-    if (t.gguf_name.empty()) fail("{}: no GGUF name for tensor '{}'", model.path(), e.name);
-    t.w = &model.get(e.name);
-    t.shape = t.w->info.shape;
-    // Norms and biases stay F32 (llama.cpp's kernels want 1-D tensors in F32).
-    t.dtype = t.shape.size() <= 1 ? DType::F32 : DType::BF16;
-    if (llama && (e.name.find(".self_attn.q_proj.") != std::string::npos ||
-                  e.name.find(".self_attn.k_proj.") != std::string::npos))
-      t.permute_head_dim = s.head_dim;
-    tensors.push_back(std::move(t));
+  std::vector<ExportTensor> tensors;
+  try {
+    tensors = export_tensors(s);
+  } catch (const Error& e) {
+    fail("{}: {}", model.path(), e.what());
   }
+  std::vector<const Weight*> sources;
+  for (const ExportTensor& t : tensors) sources.push_back(t.canonical.empty() ? nullptr : &model.get(t.canonical));
   std::vector<float> rope_factors = s.rope_freq_factors;
   if (rope_factors.empty() && s.rope_scaling.type == RopeScaling::Type::Llama3)
     rope_factors = llama3_rope_freq_factors(s);
-  if (!rope_factors.empty()) {
-    if (!llama) fail("{}: rope frequency factors on a {} model", model.path(), arch);
-    tensors.push_back({"rope_freqs.weight", nullptr, {int64_t(rope_factors.size())}, DType::F32, 0});
+  std::vector<DType> types = opts.types;
+  if (types.empty()) {
+    // Norms and biases stay F32 (llama.cpp's kernels want 1-D tensors in F32).
+    for (const ExportTensor& t : tensors) types.push_back(t.shape.size() <= 1 ? DType::F32 : DType::BF16);
+  } else if (types.size() != tensors.size()) {
+    fail("{} tensor types for {} tensors", types.size(), tensors.size());
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!can_quantize(types[i])) fail("tensor '{}': tessera does not write {}", tensors[i].gguf_name, dtype_name(types[i]));
+    if (!sources[i] && types[i] != DType::F32) fail("tensor '{}' must be F32", tensors[i].gguf_name);
+  }
+
+  // An unwritable output is refused before any work, naming the path the user gave.
+  const std::string temp = export_temp_path(opts.out_path);
+  if (std::FILE* f = std::fopen(temp.c_str(), "wb")) {
+    std::fclose(f);
+    std::remove(temp.c_str());
+  } else {
+    fail("cannot write {}: {}", opts.out_path, std::strerror(errno));
   }
 
   GgufExportResult result;
-  GgufWriter w(opts.out_path);
+  GgufWriter w(temp);
   const GgufFile* src = model.gguf();
   std::string name = fs::path(model.path()).filename().string();
   if (name.empty()) name = fs::path(model.path()).parent_path().filename().string();
   if (src && src->has("general.name")) name = src->get("general.name").as_string();
   w.add_string("general.architecture", arch);
   w.add_string("general.name", name);
-  w.add_u32("general.file_type", kFileTypeBf16);
+  w.add_u32("general.file_type", opts.file_type);
   w.add_u32("general.quantization_version", kQuantizationVersion);
   auto key = [&](const char* k) { return arch + "." + k; };
   w.add_u32(key("vocab_size"), uint32_t(s.vocab));
@@ -300,52 +343,82 @@ GgufExportResult export_gguf_bf16(const Model& model, const GgufExportOptions& o
   }
 
   uint64_t total = 0;
-  for (const OutTensor& t : tensors) {
-    w.add_tensor(t.gguf_name, t.dtype, t.shape);
+  std::vector<uint64_t> sizes;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    w.add_tensor(tensors[i].gguf_name, types[i], tensors[i].shape);
     int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
-    total += dtype_bytes(t.dtype, n);
+    for (int64_t d : tensors[i].shape) n *= d;
+    sizes.push_back(dtype_bytes(types[i], n));
+    total += sizes.back();
   }
 
-  // Data, one chunk of rows at a time.
-  constexpr uint64_t kChunkBytes = 8u << 20;
+  // Data, one chunk of rows at a time: rows upcast to fp32 (in file order), then encoded,
+  // the rows split between the threads.
+  constexpr uint64_t kChunkBytes = 8u << 20;  // of fp32 rows
+  const int threads = std::max(1, opts.threads);
   uint64_t done = 0;
-  std::vector<float> row;
-  std::vector<uint16_t> chunk;
-  for (const OutTensor& t : tensors) {
-    if (!t.w) {
+  std::vector<float> chunk;
+  std::vector<uint8_t> encoded;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ExportTensor& t = tensors[i];
+    const DType type = types[i];
+    if (opts.on_tensor) opts.on_tensor(i, tensors.size(), t, type, sizes[i]);
+    const Weight* src_w = sources[i];
+    if (!src_w) {
       w.write(t.gguf_name, rope_factors.data(), rope_factors.size() * sizeof(float));
       done += rope_factors.size() * sizeof(float);
       continue;
     }
-    if (t.dtype == DType::F32) {  // 1-D: small
-      const std::vector<float> hf = t.w->to_f32();
-      std::vector<float> out(hf.size());
+    if (t.shape.size() <= 1) {  // small: whole
+      const std::vector<float> hf = src_w->to_f32();
+      chunk.resize(hf.size());
       for (size_t f = 0; f < hf.size(); ++f)
-        out[f] = hf[size_t(t.permute_head_dim ? llama_unpermuted_row(int64_t(f), t.permute_head_dim) : int64_t(f))];
-      w.write(t.gguf_name, out.data(), out.size() * sizeof(float));
-      done += out.size() * sizeof(float);
+        chunk[f] = hf[size_t(t.permute_head_dim ? llama_unpermuted_row(int64_t(f), t.permute_head_dim) : int64_t(f))];
+      encoded.resize(sizes[i]);
+      quantize_f32(type, chunk.data(), encoded.data(), int64_t(chunk.size()));
+      w.write(t.gguf_name, encoded.data(), encoded.size());
+      done += encoded.size();
       continue;
     }
-    const int64_t rows = t.w->rows(), cols = t.w->cols();
-    row.resize(size_t(cols));
-    const int64_t rows_per_chunk = std::max<int64_t>(1, int64_t(kChunkBytes / (uint64_t(cols) * 2)));
+    const int64_t rows = src_w->rows(), cols = src_w->cols();
+    const uint64_t row_bytes = dtype_bytes(type, cols);
+    const int64_t rows_per_chunk = std::max<int64_t>(1, int64_t(kChunkBytes / (uint64_t(cols) * 4)));
     chunk.resize(size_t(std::min(rows, rows_per_chunk) * cols));
+    encoded.resize(size_t(std::min(rows, rows_per_chunk)) * row_bytes);
     for (int64_t r0 = 0; r0 < rows; r0 += rows_per_chunk) {
       const int64_t r1 = std::min(rows, r0 + rows_per_chunk);
       for (int64_t f = r0; f < r1; ++f) {
         const int64_t hf_row = t.permute_head_dim ? llama_unpermuted_row(f, t.permute_head_dim) : f;
-        t.w->row_f32(hf_row, row.data());
-        uint16_t* dst = chunk.data() + (f - r0) * cols;
-        for (int64_t c = 0; c < cols; ++c) dst[c] = f32_to_bf16(row[size_t(c)]);
+        src_w->row_f32(hf_row, chunk.data() + (f - r0) * cols);
       }
-      const uint64_t nbytes = uint64_t(r1 - r0) * uint64_t(cols) * 2;
-      w.write_part(t.gguf_name, chunk.data(), nbytes);
+      const int64_t n_rows = r1 - r0;
+      auto encode = [&](int64_t a, int64_t b) {
+        for (int64_t r = a; r < b; ++r)
+          quantize_f32(type, chunk.data() + r * cols, encoded.data() + uint64_t(r) * row_bytes, cols);
+      };
+      const int64_t n_threads = std::min<int64_t>(threads, n_rows);
+      if (n_threads <= 1) {
+        encode(0, n_rows);
+      } else {
+        std::vector<std::thread> pool;
+        for (int64_t k = 1; k < n_threads; ++k)
+          pool.emplace_back(encode, n_rows * k / n_threads, n_rows * (k + 1) / n_threads);
+        encode(0, n_rows / n_threads);
+        for (std::thread& th : pool) th.join();
+      }
+      const uint64_t nbytes = uint64_t(n_rows) * row_bytes;
+      w.write_part(t.gguf_name, encoded.data(), nbytes);
       done += nbytes;
       if (progress) progress(done, total);
     }
   }
   w.close();
+  std::error_code ec;
+  fs::rename(temp, opts.out_path, ec);
+  if (ec) {
+    std::remove(temp.c_str());
+    fail("cannot write {}: {}", opts.out_path, ec.message());
+  }
   if (progress) progress(total, total);
   result.tensors = int64_t(tensors.size());
   result.tensor_bytes = total;
