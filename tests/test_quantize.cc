@@ -1,6 +1,8 @@
-// The quantizers under `tessera quantize`, against independent references:
+// `tessera quantize` and the quantizers under it, against independent references:
 // - Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 byte for byte against the gguf package's quantize;
 // - Q2_K..Q6_K (and the five above) byte for byte against llama.cpp's llama-quantize;
+// - the q4_k_m / q5_k_m per-tensor types of the default model's architecture against
+//   the types llama-quantize chose for the default model;
 // all in tests/fixtures/quantize/, made by tools/reference/quantize_fixtures.py (the
 // inputs are 256-value rows: slices of the default model's weights and synthetic rows
 // with outliers, zero blocks, negative extremes, constant blocks and exact ties).
@@ -9,6 +11,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -16,12 +19,21 @@
 #include <string>
 #include <vector>
 
+#include "io/gguf.h"
+#include "io/gguf_quantize.h"
+#include "io/quant_plan.h"
 #include "io/quantize.h"
+#include "io/weights.h"
+#include "model/presets.h"
+#include "synth/synth.h"
 #include "test_support.h"
 
 namespace tessera {
 namespace {
 
+namespace fs = std::filesystem;
+using testing_support::run_tessera;
+using testing_support::ScratchDir;
 
 constexpr int64_t kRow = 256;
 
@@ -148,6 +160,164 @@ TEST(Quantize, RoundTripErrorWithinResolution) {
   }
   EXPECT_THROW(quantize_f32(DType::Q4_K, rows.data(), nullptr, 32), Error);
   EXPECT_THROW(quantize_f32(DType::IQ4_NL, rows.data(), nullptr, 32), Error);
+}
+
+// The per-tensor types of q4_k_m and q5_k_m for the default model's architecture
+// (SmolLM2-135M: 30 layers, rows of 576 and 1536), against what llama-quantize chose when it
+// quantized the default model (converted to BF16 by tessera convert).
+void expect_plan_matches_llama_cpp(const std::string& scheme) {
+  std::ifstream in(fixture(scheme + ".types.json"));
+  ASSERT_TRUE(in) << "missing fixture " << scheme << ".types.json";
+  const nlohmann::json want = nlohmann::json::parse(in);
+  const QuantScheme* s = find_quant_scheme(scheme);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(want["file_type"].get<uint32_t>(), s->file_type);
+  const auto plan = plan_quantized_export(find_preset("SmolLM2-135M").full, *s);
+  ASSERT_EQ(plan.size(), want["tensors"].size());
+  std::map<std::string, int> mix;
+  for (const QuantizedTensor& q : plan) {
+    ASSERT_TRUE(want["tensors"].contains(q.tensor.gguf_name)) << q.tensor.gguf_name;
+    EXPECT_EQ(dtype_name(q.choice.type), want["tensors"][q.tensor.gguf_name].get<std::string>())
+        << scheme << " " << q.tensor.gguf_name << " (" << q.choice.note << ")";
+    mix[dtype_name(q.choice.type)]++;
+  }
+  std::string summary;
+  for (const auto& [t, c] : mix) summary += fmt::format("{} {} ", c, t);
+  ::testing::Test::RecordProperty(scheme + "_types", summary);
+}
+
+TEST(Quantize, Q4KMRecipeMatchesLlamaCpp) { expect_plan_matches_llama_cpp("q4_k_m"); }
+TEST(Quantize, Q5KMRecipeMatchesLlamaCpp) { expect_plan_matches_llama_cpp("q5_k_m"); }
+
+// The recipe's rules on shapes the default model does not have: rows of 256 (no fallback),
+// an untied output, and rows that split into neither 256s nor 32s.
+TEST(Quantize, RecipeRulesAndFallbacks) {
+  const QuantScheme& q4km = *find_quant_scheme("Q4_K_M");  // case-insensitive
+  std::vector<PlanTensor> t = {
+      {"token_embd.weight", {1000, 256}, DType::BF16},   {"output.weight", {1000, 256}, DType::BF16},
+      {"output_norm.weight", {256}, DType::F32},         {"blk.0.attn_v.weight", {64, 256}, DType::BF16},
+      {"blk.0.ffn_down.weight", {256, 512}, DType::BF16}, {"blk.0.attn_q.weight", {256, 80}, DType::BF16},
+      {"blk.0.attn_k.weight", {64, 96}, DType::BF16},
+  };
+  // 16 layers: use_more_bits is true for 0, 1, 14, 15 and 4, 7, 10, 13.
+  for (int l = 1; l < 16; ++l) {
+    t.push_back({fmt::format("blk.{}.attn_v.weight", l), {64, 256}, DType::BF16});
+    t.push_back({fmt::format("blk.{}.ffn_down.weight", l), {256, 512}, DType::BF16});
+  }
+  const auto c = plan_quant_types(q4km, t, 16);
+  EXPECT_EQ(c[0].type, DType::Q4_K);  // untied embedding: the base type
+  EXPECT_EQ(c[1].type, DType::Q6_K);  // output projection
+  EXPECT_EQ(c[2].type, DType::F32);
+  EXPECT_FALSE(c[2].quantized);
+  EXPECT_EQ(c[3].type, DType::Q6_K);  // layer 0: more bits
+  EXPECT_EQ(c[4].type, DType::Q6_K);
+  EXPECT_EQ(c[5].type, DType::F16);   // 80: neither 256s nor 32s
+  EXPECT_EQ(c[6].type, DType::Q5_0);  // 96: Q4_K -> Q5_0
+  for (int l = 1; l < 16; ++l) {
+    const bool more = l < 2 || l >= 14 || (l - 2) % 3 == 2;
+    const DType want = more ? DType::Q6_K : DType::Q4_K;
+    EXPECT_EQ(c[size_t(7 + 2 * (l - 1))].type, want) << "attn_v " << l;
+    EXPECT_EQ(c[size_t(8 + 2 * (l - 1))].type, want) << "ffn_down " << l;
+  }
+  // A single type applies everywhere, falling back per row length.
+  const auto pure = plan_quant_types(*find_quant_scheme("q6_k"), t, 16);
+  EXPECT_EQ(pure[0].type, DType::Q6_K);
+  EXPECT_EQ(pure[6].type, DType::Q8_0);
+  EXPECT_EQ(plan_quant_types(*find_quant_scheme("q3_k"), t, 16)[6].type, DType::Q4_0);
+  EXPECT_EQ(plan_quant_types(*find_quant_scheme("q5_k"), t, 16)[6].type, DType::Q5_1);
+  EXPECT_EQ(plan_quant_types(*find_quant_scheme("q8_0"), t, 16)[5].type, DType::F16);
+  EXPECT_EQ(find_quant_scheme("q4_k_s"), nullptr);
+}
+
+// A tiny Llama (rows of 256 and 768: K-quants apply) quantized by the CLI: loads in tessera
+// with the planned types, the file type recorded, values within each type's resolution of the
+// source, no temporary file left.
+TEST(Quantize, CliQuantizesTinyModel) {
+  ScratchDir dir("quantize_tiny");
+  SynthOptions o;
+  o.preset = "Llama-3.2-1B";
+  o.out_dir = dir.str("hf");
+  o.tiny = true;
+  o.seed = 3;
+  o.tokenizers_dir = testing_support::shared_dir() + "/data/tokenizers";
+  synth(o);
+  const Model src = Model::open(o.out_dir);
+  for (const char* scheme : {"q8_0", "q4_k_m"}) {
+    const std::string out = dir.str(std::string(scheme) + ".gguf");
+    const auto r = run_tessera(fmt::format("quantize {} --to {} --out {} --threads 2", o.out_dir, scheme, out));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("quantize: [ 1/21] token_embd.weight"), std::string::npos) << r.err;
+    const Model m = Model::open(out);
+    const QuantScheme& s = *find_quant_scheme(scheme);
+    EXPECT_EQ(m.gguf()->get("general.file_type").as_int(), s.file_type);
+    const auto plan = plan_quantized_export(src.spec(), s);
+    for (const QuantizedTensor& q : plan) {
+      if (q.tensor.canonical.empty()) continue;
+      const Weight& w = m.get(q.tensor.canonical);
+      EXPECT_EQ(w.info.dtype, q.choice.type) << scheme << " " << q.tensor.gguf_name;
+      // Row 1 of each tensor (Hugging Face layout on both sides) within the type's resolution.
+      const Weight& a = src.get(q.tensor.canonical);
+      const int64_t row = a.rows() > 1 ? 1 : 0;
+      std::vector<float> x(size_t(a.cols())), y(size_t(a.cols()));
+      if (a.info.shape.size() == 1) {
+        x = a.to_f32();
+        y = w.to_f32();
+      } else {
+        a.row_f32(row, x.data());
+        w.row_f32(row, y.data());
+      }
+      double err2 = 0, ref2 = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        err2 += (double(y[i]) - x[i]) * (double(y[i]) - x[i]);
+        ref2 += double(x[i]) * x[i];
+      }
+      EXPECT_LE(std::sqrt(err2 / std::max(ref2, 1e-30)), q.choice.quantized ? 0.1 : 0.0) << q.tensor.gguf_name;
+    }
+    for (const auto& e : fs::directory_iterator(dir.path()))
+      EXPECT_EQ(e.path().string().find(".part"), std::string::npos) << e.path();
+  }
+  const Model q4 = Model::open(dir.str("q4_k_m.gguf"));
+  EXPECT_EQ(q4.get("model.embed_tokens.weight").info.dtype, DType::Q6_K);  // tied: the output's type
+  EXPECT_EQ(q4.get("model.layers.0.mlp.down_proj.weight").info.dtype, DType::Q4_K);
+  EXPECT_EQ(q4.get("model.layers.1.mlp.down_proj.weight").info.dtype, DType::Q6_K);  // last eighth
+
+  // Requantizing is refused, naming the tensor and its type.
+  const auto again = run_tessera("quantize " + dir.str("q8_0.gguf") + " --to q4_0 --out " + dir.str("x.gguf"));
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_NE(again.err.find("already quantized (Q8_0)"), std::string::npos) << again.err;
+  EXPECT_EQ(again.err.find('\n'), again.err.size() - 1) << again.err;
+  EXPECT_FALSE(fs::exists(dir.str("x.gguf")));
+
+  // An output that cannot be written: refused before any work, naming the path given.
+  for (const std::string& bad : {dir.str("no/such/dir/x.gguf"), dir.str()}) {
+    const auto r = run_tessera("quantize " + o.out_dir + " --to q8_0 --out " + bad);
+    EXPECT_EQ(r.exit_code, 1) << bad;
+    EXPECT_NE(r.err.find(bad), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("quantize: ["), std::string::npos) << "work began: " << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
+  }
+}
+
+// Bad command lines: one line naming the problem, exit 1.
+TEST(Quantize, CliErrors) {
+  struct Case {
+    std::string args, needle;
+  };
+  const Case cases[] = {
+      {"quantize /nonexistent --to q7 --out /tmp/x.gguf",
+       "unknown type 'q7' (accepted: q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, q4_k_m, q5_k_m)"},
+      {"quantize /nonexistent --out /tmp/x.gguf", "needs --to TYPE"},
+      {"quantize /nonexistent --to q8_0", "needs --out"},
+      {"quantize --to q8_0 --out /tmp/x.gguf", "needs MODEL"},
+      {"quantize /nonexistent --to q8_0 --out /tmp/x.gguf", "/nonexistent: no such file or directory"},
+      {"quantize /nonexistent --to q8_0 --out /tmp/x.gguf --threads -2", "--threads must be positive"},
+  };
+  for (const Case& c : cases) {
+    const auto r = run_tessera(c.args);
+    EXPECT_EQ(r.exit_code, 1) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << "\nstderr: " << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "more than one line: " << r.err;
+  }
 }
 
 }  // namespace

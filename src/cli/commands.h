@@ -14,6 +14,7 @@ void add_detokenize_command(CLI::App& app);
 void add_deploy_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
+void add_quantize_command(CLI::App& app);
 void add_profile_command(CLI::App& app);
 void add_device_command(CLI::App& app);
 void add_audit_command(CLI::App& app);

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_deploy_command(app);
   tessera::cli::add_bench_command(app);
   tessera::cli::add_convert_command(app);
+  tessera::cli::add_quantize_command(app);
   tessera::cli::add_device_command(app);
   tessera::cli::add_profile_command(app);
   tessera::cli::add_audit_command(app);
