@@ -15,9 +15,10 @@
 # See bench/README.md.
 set -euo pipefail
 
-LLAMA_CPP_PYTHON_VERSION=0.3.36
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-CACHE=${TESSERA_CACHE:-$HOME/.cache/tessera}/llama.cpp
+# shellcheck source=bench/llama_cpp_build.sh
+source "$ROOT/bench/llama_cpp_build.sh"  # LLAMA_CPP_PYTHON_VERSION, llama_cpp_build, LLAMA_CPP_BIN
+CACHE=$LLAMA_CPP_CACHE
 
 MODEL=""
 THREADS=$(nproc)
@@ -61,41 +62,10 @@ command -v python3 >/dev/null || die "python3 is needed to read the JSON results
 mkdir -p "$CACHE"
 
 # --- 1. llama-bench from the llama-cpp-python source distribution (cached) -------------
-SDIST=$CACHE/sdist/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz
-SRC=$CACHE/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp
-BUILD=$CACHE/build-$LLAMA_CPP_PYTHON_VERSION
-LLAMA_BENCH=$BUILD/bin/llama-bench
-CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON
-             -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF
-             -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
-             -DLLAMA_BUILD_TOOLS=ON)
-
-if [ ! -f "$SDIST" ]; then
-  command -v pip >/dev/null || command -v pip3 >/dev/null || die "pip is needed to fetch llama-cpp-python"
-  PIP=$(command -v pip || command -v pip3)
-  say "downloading llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION (source distribution) ..."
-  mkdir -p "$CACHE/sdist"
-  "$PIP" download --quiet --no-binary :all: --no-deps -d "$CACHE/sdist" \
-    "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" >&2 || die "pip download of llama-cpp-python failed"
-  [ -f "$SDIST" ] || die "pip did not leave $SDIST"
-fi
-if [ ! -f "$SRC/CMakeLists.txt" ]; then
-  say "unpacking $(basename "$SDIST") ..."
-  mkdir -p "$CACHE/src"
-  tar -xzf "$SDIST" -C "$CACHE/src"
-  [ -f "$SRC/CMakeLists.txt" ] || die "$SDIST holds no vendor/llama.cpp"
-fi
-STAMP=$BUILD/tessera-cmake-flags
-if [ ! -x "$LLAMA_BENCH" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "${CMAKE_FLAGS[*]}" ]; then
-  GEN_FLAG=(); command -v ninja >/dev/null && GEN_FLAG=(-G Ninja)
-  say "building llama-bench (llama.cpp from llama-cpp-python $LLAMA_CPP_PYTHON_VERSION; takes minutes) ..."
-  nice cmake -S "$SRC" -B "$BUILD" "${GEN_FLAG[@]}" "${CMAKE_FLAGS[@]}" >"$BUILD.log" 2>&1 \
-    || die "configuring llama.cpp failed (see $BUILD.log)"
-  nice cmake --build "$BUILD" --target llama-bench -j "${LLAMA_BUILD_JOBS:-2}" >>"$BUILD.log" 2>&1 \
-    || die "building llama-bench failed (see $BUILD.log)"
-  echo "${CMAKE_FLAGS[*]}" >"$STAMP"
-fi
-[ -x "$LLAMA_BENCH" ] || die "$LLAMA_BENCH was not built (see $BUILD.log)"
+# bench/llama_cpp_build.sh builds llama-bench, llama-perplexity, llama-quantize and llama-tokenize together.
+llama_cpp_build || die "could not build llama.cpp's tools"
+LLAMA_BENCH=$LLAMA_CPP_BIN/llama-bench
+[ -x "$LLAMA_BENCH" ] || die "$LLAMA_BENCH was not built (see $LLAMA_CPP_LOG)"
 LLAMA_BENCH_HELP=$("$LLAMA_BENCH" --help 2>&1 || true)
 grep -q -- '--n-depth' <<<"$LLAMA_BENCH_HELP" \
   || die "this llama-bench has no -d/--n-depth option (decode at a context needs it)"
