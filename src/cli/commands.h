@@ -21,5 +21,6 @@ void add_audit_command(CLI::App& app);
 void add_diagnose_command(CLI::App& app);
 void add_campaign_command(CLI::App& app);
 void add_kernels_command(CLI::App& app);
+void add_perplexity_command(CLI::App& app);
 
 }  // namespace tessera::cli

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_diagnose_command(app);
   tessera::cli::add_campaign_command(app);
   tessera::cli::add_kernels_command(app);
+  tessera::cli::add_perplexity_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
