@@ -23,6 +23,21 @@ LLAMA_CPP_CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML
                        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF
                        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
                        -DLLAMA_BUILD_TOOLS=ON)
+# On a CPU with AMX, this llama.cpp's AMX kernels crash on quantized weights (Q4_0, Q4_1,
+# Q8_0, K-quants: a segfault in ggml_backend_amx_mul_mat; upstream ggml-org/llama.cpp#20824),
+# and --no-repack avoids it only by also turning off llama.cpp's fastest CPU path for those
+# types. So there llama.cpp is built for every other feature this VM's CPU has (AVX-512 with
+# VBMI, VNNI and BF16) and AMX off, in a build directory of its own: its best path that runs.
+if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
+  LLAMA_CPP_CMAKE_FLAGS=("${LLAMA_CPP_CMAKE_FLAGS[@]/-DGGML_NATIVE=ON/-DGGML_NATIVE=OFF}"
+                         -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+                         -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON
+                         -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON
+                         -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+  LLAMA_CPP_BUILD=$LLAMA_CPP_BUILD-noamx
+  LLAMA_CPP_BIN=$LLAMA_CPP_BUILD/bin
+  LLAMA_CPP_LOG=$LLAMA_CPP_BUILD.log
+fi
 
 _llama_cpp_say() { echo "llama_cpp_build: $*" >&2; }
 _llama_cpp_fail() { echo "llama_cpp_build: error: $*" >&2; return 1; }

@@ -7,7 +7,12 @@
 #include <random>
 #include <vector>
 
+#include "io/gguf_quantize.h"
 #include "io/weights.h"
+#include "synth/synth.h"
+#include "targets/cpu/cpu_runner.h"
+#include "targets/target.h"
+#include "test_support.h"
 #include "oracle/emulate.h"
 #include "targets/cpu/kernels.h"
 #include "targets/cpu/quant.h"
@@ -31,14 +36,15 @@ std::vector<uint8_t> random_blocks(DType t, int64_t rows, int64_t cols, uint32_t
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> mag(-4.6f, -2.3f);  // |d| in [0.01, 0.1]
   std::uniform_int_distribution<int> byte(0, 255);
-  const int64_t bb = dtype_block_bytes(t), blocks = rows * cols / 32;
+  const int64_t bb = dtype_block_bytes(t), blocks = rows * cols / dtype_block_values(t);
   std::vector<uint8_t> out(size_t(blocks * bb));
   for (int64_t b = 0; b < blocks; ++b) {
     uint8_t* p = out.data() + b * bb;
     for (int64_t i = 0; i < bb; ++i) p[i] = uint8_t(byte(rng));
+    // The f16 scales: d first (Q6_K: last), then Q4_1's m or Q4_K's dmin.
     const uint16_t d = f16_bits((byte(rng) & 1 ? 1.0f : -1.0f) * std::exp(mag(rng)));
-    std::memcpy(p, &d, 2);
-    if (t == DType::Q4_1) {
+    std::memcpy(p + (t == DType::Q6_K ? 208 : 0), &d, 2);
+    if (t == DType::Q4_1 || t == DType::Q4_K) {
       const uint16_t m = f16_bits((byte(rng) & 1 ? 0.5f : -0.5f) * std::exp(mag(rng)));
       std::memcpy(p + 2, &m, 2);
     }
@@ -77,12 +83,12 @@ void for_each_isa(F&& body) {
   cpu::set_isa("auto");
 }
 
-const DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0};
+const DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q6_K};
 
 TEST(CpuQuant, TilesHoldTheFilesValuesBitForBit) {
   for (DType t : kTypes) {
     SCOPED_TRACE(dtype_name(t));
-    for (const auto [rows, cols, hd] : {std::array<int64_t, 3>{37, 96, 0}, {64, 64, 16}, {16, 32, 0}}) {
+    for (const auto [rows, cols, hd] : {std::array<int64_t, 3>{37, 256, 0}, {64, 512, 16}, {16, 768, 0}}) {
       const auto bytes = random_blocks(t, rows, cols, uint32_t(rows + cols));
       const Weight w = file_weight("m", t, bytes, rows, cols, hd);
       CpuWeightStore store;
@@ -217,15 +223,66 @@ TEST(CpuQuant, NonFiniteActivationsReachTheOutput) {
 
 TEST(CpuQuant, RefusesWhatItCannotRead) {
   cpu::ThreadPool pool(1);
-  std::vector<uint8_t> bytes(size_t(dtype_bytes(DType::Q4_K, 256)));
-  const cpu::WeightMatrix k(DType::Q4_K, bytes.data(), 1, 256);
+  std::vector<uint8_t> bytes(size_t(dtype_bytes(DType::Q5_K, 256)));
+  const cpu::WeightMatrix k(DType::Q5_K, bytes.data(), 1, 256);
   std::vector<float> x(256), y(1);
   EXPECT_THROW(cpu::matmul(x.data(), 1, k, nullptr, y.data(), pool), Error);
   // A block format the tiles do not take is converted to bf16 by the store instead.
   CpuWeightStore store;
-  const auto q4k = std::vector<uint8_t>(size_t(dtype_bytes(DType::Q4_K, 256)), 0);
-  EXPECT_FALSE(store.load(file_weight("k", DType::Q4_K, q4k, 1, 256)).quantized());
-  EXPECT_EQ(store.formats().at("bf16 converted from Q4_K"), 1);
+  const auto q5k = std::vector<uint8_t>(size_t(dtype_bytes(DType::Q5_K, 256)), 0);
+  EXPECT_FALSE(store.load(file_weight("k", DType::Q5_K, q5k, 1, 256)).quantized());
+  EXPECT_EQ(store.formats().at("bf16 converted from Q5_K"), 1);
+}
+
+// A tiny Llama quantized as people download models (q4_k_m: Q4_K, Q6_K and Q8_0 mixed; q4_0;
+// q8_0): the cpu target holds every matrix as tiles of the file's blocks (nothing converted
+// to bf16), its logits follow the oracle's on the same blocks for a prompt and decode steps,
+// and the weights it holds are about the file's size.
+TEST(CpuQuant, QuantizedModelsRunInTheirBlocks) {
+  testing_support::ScratchDir dir("cpu_quant_model");
+  SynthOptions o;
+  o.preset = "Llama-3.2-1B";
+  o.out_dir = dir.str("hf");
+  o.tiny = true;
+  o.seed = 5;
+  o.tokenizers_dir = testing_support::shared_dir() + "/data/tokenizers";
+  synth(o);
+  const Model src = Model::open(o.out_dir);
+  for (const char* scheme : {"q4_k_m", "q4_0", "q8_0"}) {
+    SCOPED_TRACE(scheme);
+    QuantizeOptions q;
+    q.out_path = dir.str(std::string(scheme) + ".gguf");
+    quantize_model(src, *find_quant_scheme(scheme), q);
+    const Model m = Model::open(q.out_path);
+    CpuOptions co;
+    co.threads = 2;
+    co.fused_prefill = co.fused_decode = true;
+    CpuRunner cpu(m, co);
+    EXPECT_EQ(cpu.weights().converted_bytes(), 0);
+    EXPECT_EQ(cpu.weights().mapped_bytes(), 0);
+    int64_t file_matrix_bytes = 0;
+    for (const auto& [name, w] : m.weights())
+      if (w.info.shape.size() == 2) file_matrix_bytes += int64_t(w.info.nbytes);
+    EXPECT_LE(cpu.weights().tiled_bytes(), file_matrix_bytes * 103 / 100);
+    OracleRunner oracle(m, 2);
+    const std::vector<int32_t> prompt = {1, 17, 42, 99, 7, 3, 250, 11};
+    std::vector<float> a = cpu.forward(prompt, false), b = oracle.forward(prompt, false);
+    for (int step = 0; step < 4; ++step) {
+      ASSERT_EQ(a.size(), b.size());
+      double dot = 0, na = 0, nb = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        dot += double(a[i]) * b[i];
+        na += double(a[i]) * a[i];
+        nb += double(b[i]) * b[i];
+      }
+      // The prompt runs the bf16 GEMM (weights rounded to bf16: relative 2^-9 each); decode
+      // steps the GEMV on the exact blocks (x's two int8 terms: 1.5e-5 of max|x|).
+      EXPECT_GT(dot / std::sqrt(na * nb), step == 0 ? 0.9999 : 0.99995) << "step " << step;
+      const int32_t next = int32_t(step * 31 + 5);
+      a = cpu.forward(std::span<const int32_t>(&next, 1), false);
+      b = oracle.forward(std::span<const int32_t>(&next, 1), false);
+    }
+  }
 }
 
 }  // namespace

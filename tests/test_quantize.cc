@@ -280,6 +280,12 @@ TEST(Quantize, CliQuantizesTinyModel) {
   EXPECT_EQ(q4.get("model.embed_tokens.weight").info.dtype, DType::Q6_K);  // tied: the output's type
   EXPECT_EQ(q4.get("model.layers.0.mlp.down_proj.weight").info.dtype, DType::Q4_K);
   EXPECT_EQ(q4.get("model.layers.1.mlp.down_proj.weight").info.dtype, DType::Q6_K);  // last eighth
+  // inspect names each role's types and, where the layers differ, which layers have which.
+  const auto ins = run_tessera("inspect " + dir.str("q4_k_m.gguf"));
+  ASSERT_EQ(ins.exit_code, 0) << ins.err;
+  EXPECT_NE(ins.out.find("model.layers.N.mlp.down_proj.weight"), std::string::npos) << ins.out;
+  EXPECT_NE(ins.out.find("Q4_K (layers 0); Q6_K (layers 1)"), std::string::npos) << ins.out;
+  EXPECT_NE(ins.out.find("model.embed_tokens.weight"), std::string::npos) << ins.out;
 
   // Requantizing is refused, naming the tensor and its type.
   const auto again = run_tessera("quantize " + dir.str("q8_0.gguf") + " --to q4_0 --out " + dir.str("x.gguf"));

@@ -1,10 +1,12 @@
 // `tessera inspect`: the spec, the architecture features and the kernels a model needs.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -39,6 +41,40 @@ ModelSpec spec_from_config_file(const std::string& path) {
   }
 }
 
+// "0-2, 5, 7-9": sorted layer indices as ranges.
+std::string layer_ranges(const std::vector<int64_t>& layers) {
+  std::string out;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+    out += fmt::format("{}{}", out.empty() ? "" : ", ", i == j ? fmt::format("{}", layers[i])
+                                                               : fmt::format("{}-{}", layers[i], layers[j]));
+    i = j + 1;
+  }
+  return out;
+}
+
+// Each tensor role ("model.layers.N.mlp.down_proj.weight") with the storage types its tensors
+// have and, per type, the layers that have it: a mixed quantization (Q4_K_M keeps some
+// layers' attn_v and ffn_down at Q6_K) reads at a glance.
+std::map<std::string, std::map<std::string, std::vector<int64_t>>> types_by_role(const Model& m) {
+  std::map<std::string, std::map<std::string, std::vector<int64_t>>> out;
+  for (const auto& [name, w] : m.weights()) {
+    std::string role = name;
+    int64_t layer = -1;
+    const std::string prefix = "model.layers.";
+    if (name.starts_with(prefix)) {
+      const size_t dot = name.find('.', prefix.size());
+      layer = std::stoll(name.substr(prefix.size(), dot - prefix.size()));
+      role = prefix + "N" + name.substr(dot);
+    }
+    out[role][dtype_name(w.info.dtype)].push_back(layer);
+  }
+  for (auto& [role, types] : out)
+    for (auto& [t, layers] : types) std::sort(layers.begin(), layers.end());
+  return out;
+}
+
 void run_inspect(const InspectArgs& a) {
   const std::string path = resolve_model_path(a.model);
   const bool config_only = path.ends_with(".json") && std::filesystem::is_regular_file(path);
@@ -65,8 +101,10 @@ void run_inspect(const InspectArgs& a) {
     j["spec"] = s.to_json();
     for (const auto& [k, v] : features) j["features"][k] = v;
     for (const auto& k : kernels) j["kernels"].push_back({{"kernel", k.kernel}, {"role", k.role}, {"shape", k.shape}});
-    if (model)
+    if (model) {
       j["tensors"] = {{"count", model->weights().size()}, {"bytes", bytes}, {"parameters", params}, {"dtypes", dtype_counts}};
+      for (const auto& [name, w] : model->weights()) j["tensors"]["types"][name] = dtype_name(w.info.dtype);
+    }
     fmt::print("{}\n", j.dump(2));
     return;
   }
@@ -80,6 +118,16 @@ void run_inspect(const InspectArgs& a) {
       first = false;
     }
     fmt::print(")\n");
+    fmt::print("\nweight types (per tensor role; N = layer)\n");
+    for (const auto& [role, types] : types_by_role(*model)) {
+      std::string line;
+      for (const auto& [t, layers] : types) {
+        line += line.empty() ? "" : "; ";
+        line += t;
+        if (layers.front() >= 0 && types.size() > 1) line += fmt::format(" (layers {})", layer_ranges(layers));
+      }
+      fmt::print("  {:<48} {}\n", role, line);
+    }
   }
   fmt::print("\nspec\n");
   fmt::print("  hidden {}  intermediate {}  layers {}  heads {}  kv heads {}  head_dim {}  vocab {}  context {}\n",

@@ -97,8 +97,9 @@ namespace {
 
 void check_quantized(const WeightMatrix& w) {
   if (!x16_supported(w.dtype)) fail("cpu kernels: no kernel reads {} weights", dtype_name(w.dtype));
-  if (w.cols % kQBlock != 0)
-    fail("cpu kernels: a {} matrix of {} columns (a multiple of {} expected)", dtype_name(w.dtype), w.cols, kQBlock);
+  if (w.cols % dtype_block_values(w.dtype) != 0)
+    fail("cpu kernels: a {} matrix of {} columns (a multiple of {} expected)", dtype_name(w.dtype), w.cols,
+         dtype_block_values(w.dtype));
 }
 
 // The portable quantized matmul (no AVX-512): the same numerics as the AVX-512 path, plain

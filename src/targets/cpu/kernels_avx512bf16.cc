@@ -399,60 +399,131 @@ void gemm_packed_range(const uint16_t* xb, int64_t xs, int64_t T, const Bf16Matr
 }
 
 // ---- Quantized weights (x16 tiles, quant.h). Decode: x as two int8 terms per block (Q8Row);
-// each tile is 16 rows x 32 values, its quantized bytes four (4-bit) or eight (8-bit) vectors
-// whose 32-bit lane i holds four consecutive values of row i, so one vpdpbusd advances 16
-// rows by four values against four broadcast bytes of x. About 34 vector instructions per
-// 4-bit tile (512 weights): the unpacking (3 per vector), 16 dot products (x's two terms),
-// the scales (6); measured, the GEMV stays bound by the memory, not by them.
+// a tile's values are vectors whose 32-bit lane i holds four consecutive values of row i, so
+// one vpdpbusd advances 16 rows by four values against four broadcast bytes of x. Per 32
+// values x 16 rows: the unpacking (3 instructions per 64 bytes of nibbles, 3 more per vector
+// for Q5_0's and Q6_K's high bits), 16 dot products (x's two terms), the scales (6-10);
+// measured, the GEMV stays bound by the memory, not by them.
+
+// The x16 layouts' offsets (quant.h's table), as constants for the kernels.
+struct X16Layout {
+  int64_t values, qs, qh, sc, m, bytes;
+};
+constexpr X16Layout x16_layout(DType t) {
+  switch (t) {
+    case DType::Q8_0: return {32, 32, 0, 0, 0, 544};
+    case DType::Q4_0: return {32, 32, 0, 0, 0, 288};
+    case DType::Q4_1: return {32, 64, 0, 0, 32, 320};
+    case DType::Q5_0: return {32, 32, 288, 0, 0, 352};
+    case DType::Q4_K: return {256, 320, 0, 64, 192, 2368};
+    case DType::Q6_K: return {256, 288, 2336, 32, 0, 3360};
+    default: return {0, 0, 0, 0, 0, 0};
+  }
+}
+
+// Moves bits [from, from + width) of every byte to bits [4, 4 + width) (width 1 or 2), the
+// rest cleared. 16-bit shifts of at most 4 never carry a bit across a byte here.
+TS_BF16_INLINE __m512i high_bits(__m512i h, int from, int width) {
+  const __m512i mask = _mm512_set1_epi8(char(((1 << width) - 1) << 4));
+  const __m512i moved = from <= 4 ? _mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - from))
+                                  : _mm512_srl_epi16(h, _mm_cvtsi32_si128(from - 4));
+  return _mm512_and_si512(moved, mask);
+}
+
+// Unsigned bytes (16 lanes x 4) -> fp32 lanes: 16 u8 or i8 scales, one per row.
+TS_BF16_INLINE __m512 scales_u8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+TS_BF16_INLINE __m512 scales_i8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 
 // y[16 g + i] for tile rows of groups [g0, g1), masked at the matrix's last row.
 template <DType kType>
 TS_BF16 void gemv_x16(const Q8Row& x, const uint8_t* tiles, int64_t N, int64_t K, const float* bias, float* y,
                       int64_t g0, int64_t g1) {
-  const int64_t blocks = K / kQBlock, tb = kTileRows * dtype_block_bytes(kType);
+  constexpr X16Layout L = x16_layout(kType);
+  static_assert(L.bytes > 0);
+  constexpr int kChunks = int(L.values / 32);
+  constexpr int32_t kOffset = kType == DType::Q8_0 ? 128 : kType == DType::Q4_0 ? 8
+                              : kType == DType::Q5_0 ? 16 : kType == DType::Q6_K ? 32 : 0;
+  constexpr bool kHalves = kType == DType::Q6_K;  // a scale per 16 values
+  const int64_t blocks = K / L.values;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512 lo_scale = _mm512_set1_ps(1.0f / Q8Row::kLoScale);
   const int32_t* xh = reinterpret_cast<const int32_t*>(x.hi.data());
   const int32_t* xl = reinterpret_cast<const int32_t*>(x.lo.data());
-  constexpr int32_t kOffset = kType == DType::Q4_0 ? 8 : kType == DType::Q8_0 ? 128 : 0;  // in the tile's bytes
   for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* tile = tiles + g * blocks * tb;
+    const uint8_t* tile = tiles + g * blocks * L.bytes;
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b, tile += tb) {
+    for (int64_t b = 0; b < blocks; ++b, tile += L.bytes) {
       // As the bf16 GEMV: ask for the stream ahead, across the 4 KiB pages where the hardware
       // prefetchers stop.
-      for (int64_t line = 0; line < tb; line += 64) _mm_prefetch(reinterpret_cast<const char*>(tile) + 2048 + line, _MM_HINT_T0);
-      const int32_t* bh = xh + b * 8;  // the block's 32 values of each term as 8 groups of four
-      const int32_t* bl = xl + b * 8;
-      __m512i sh = _mm512_set1_epi32(-kOffset * x.sum_hi[size_t(b)]);
-      __m512i sl = _mm512_set1_epi32(-kOffset * x.sum_lo[size_t(b)]);
-      if constexpr (kType == DType::Q8_0) {
-        const uint8_t* qs = tile + 32;
-        for (int j = 0; j < 8; ++j) {
-          const __m512i v = _mm512_loadu_si512(qs + 64 * j);
-          sh = _mm512_dpbusd_epi32(sh, v, _mm512_set1_epi32(bh[j]));
-          sl = _mm512_dpbusd_epi32(sl, v, _mm512_set1_epi32(bl[j]));
+      for (int64_t line = 0; line < L.bytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(tile) + 2048 + line, _MM_HINT_T0);
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile)));
+      for (int j = 0; j < kChunks; ++j) {
+        const int64_t xb = b * kChunks + j;  // x's 32-value block
+        const int32_t* bh = xh + xb * 8;     // its 32 values of each term as 8 groups of four
+        const int32_t* bl = xl + xb * 8;
+        const int32_t* s16h = x.sum_hi.data() + 2 * xb;
+        const int32_t* s16l = x.sum_lo.data() + 2 * xb;
+        // [0]: the chunk (or its first 16 values), [1]: its second 16 values (Q6_K).
+        __m512i sh[2], sl[2];
+        if constexpr (kHalves) {
+          for (int h = 0; h < 2; ++h) {
+            sh[h] = _mm512_set1_epi32(-kOffset * s16h[h]);
+            sl[h] = _mm512_set1_epi32(-kOffset * s16l[h]);
+          }
+        } else {
+          sh[0] = _mm512_set1_epi32(-kOffset * (s16h[0] + s16h[1]));
+          sl[0] = _mm512_set1_epi32(-kOffset * (s16l[0] + s16l[1]));
         }
-      } else {
-        const uint8_t* qs = tile + (kType == DType::Q4_1 ? 64 : 32);
-        for (int c = 0; c < 4; ++c) {
-          const __m512i v = _mm512_loadu_si512(qs + 64 * c);
-          const __m512i lo = _mm512_and_si512(v, low4);
-          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-          sh = _mm512_dpbusd_epi32(sh, lo, _mm512_set1_epi32(bh[2 * c]));
-          sl = _mm512_dpbusd_epi32(sl, lo, _mm512_set1_epi32(bl[2 * c]));
-          sh = _mm512_dpbusd_epi32(sh, hi, _mm512_set1_epi32(bh[2 * c + 1]));
-          sl = _mm512_dpbusd_epi32(sl, hi, _mm512_set1_epi32(bl[2 * c + 1]));
+        const uint8_t* qs = tile + L.qs + (kType == DType::Q8_0 ? 0 : j * 256);
+        for (int c = 0; c < 4; ++c) {  // value vectors 2c and 2c + 1
+          __m512i v0, v1;
+          if constexpr (kType == DType::Q8_0) {
+            v0 = _mm512_loadu_si512(qs + 64 * (2 * c));
+            v1 = _mm512_loadu_si512(qs + 64 * (2 * c + 1));
+          } else {
+            const __m512i v = _mm512_loadu_si512(qs + 64 * c);
+            v0 = _mm512_and_si512(v, low4);
+            v1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+          }
+          if constexpr (kType == DType::Q5_0) {
+            const __m512i h = _mm512_loadu_si512(tile + L.qh);
+            v0 = _mm512_or_si512(v0, high_bits(h, 2 * c, 1));
+            v1 = _mm512_or_si512(v1, high_bits(h, 2 * c + 1, 1));
+          }
+          if constexpr (kType == DType::Q6_K) {
+            const __m512i h = _mm512_loadu_si512(tile + L.qh + j * 128 + (c / 2) * 64);
+            v0 = _mm512_or_si512(v0, high_bits(h, 2 * ((2 * c) % 4), 2));
+            v1 = _mm512_or_si512(v1, high_bits(h, 2 * ((2 * c + 1) % 4), 2));
+          }
+          const int h = kHalves ? c / 2 : 0;
+          sh[h] = _mm512_dpbusd_epi32(sh[h], v0, _mm512_set1_epi32(bh[2 * c]));
+          sl[h] = _mm512_dpbusd_epi32(sl[h], v0, _mm512_set1_epi32(bl[2 * c]));
+          sh[h] = _mm512_dpbusd_epi32(sh[h], v1, _mm512_set1_epi32(bh[2 * c + 1]));
+          sl[h] = _mm512_dpbusd_epi32(sl[h], v1, _mm512_set1_epi32(bl[2 * c + 1]));
         }
-      }
-      const float xd = x.d[size_t(b)];
-      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile)));
-      const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl), lo_scale, _mm512_cvtepi32_ps(sh));
-      acc0 = _mm512_fmadd_ps(dot, _mm512_mul_ps(dw, _mm512_set1_ps(xd)), acc0);
-      if constexpr (kType == DType::Q4_1) {
-        const float xsum = float(x.sum_hi[size_t(b)]) + float(x.sum_lo[size_t(b)]) * (1.0f / Q8Row::kLoScale);
-        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 32)));
-        acc1 = _mm512_fmadd_ps(mw, _mm512_set1_ps(xd * xsum), acc1);
+        const __m512 xd = _mm512_set1_ps(x.d[size_t(xb)]);
+        for (int h = 0; h < (kHalves ? 2 : 1); ++h) {
+          const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl[h]), lo_scale, _mm512_cvtepi32_ps(sh[h]));
+          __m512 scale = d;
+          if constexpr (kType == DType::Q4_K) scale = _mm512_mul_ps(d, scales_u8(tile + L.sc + j * 16));
+          if constexpr (kType == DType::Q6_K) scale = _mm512_mul_ps(d, scales_i8(tile + L.sc + (2 * j + h) * 16));
+          acc0 = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, xd), acc0);
+        }
+        if constexpr (kType == DType::Q4_1 || kType == DType::Q4_K) {
+          const __m512 xsum = _mm512_set1_ps(x.d[size_t(xb)] * x.block_sum(xb));
+          if constexpr (kType == DType::Q4_1) {
+            const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + L.m)));
+            acc1 = _mm512_fmadd_ps(m, xsum, acc1);
+          } else {
+            const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 32)));
+            acc1 = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, scales_u8(tile + L.m + j * 16)), xsum, acc1);
+          }
+        }
       }
     }
     __m512 out = _mm512_add_ps(acc0, acc1);
@@ -467,7 +538,10 @@ void gemv_quantized(const Q8Row& x, const WeightMatrix& w, const float* bias, fl
   switch (w.dtype) {
     case DType::Q4_0: return gemv_x16<DType::Q4_0>(x, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
     case DType::Q4_1: return gemv_x16<DType::Q4_1>(x, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q5_0: return gemv_x16<DType::Q5_0>(x, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
     case DType::Q8_0: return gemv_x16<DType::Q8_0>(x, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q4_K: return gemv_x16<DType::Q4_K>(x, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q6_K: return gemv_x16<DType::Q6_K>(x, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
     default: fail("cpu kernels: no AVX-512 kernel reads {} weights", dtype_name(w.dtype));
   }
 }

@@ -1,6 +1,6 @@
-// The x16 tile layouts (quant.h): packing from the file's blocks and exact dequantization.
-// Compiled for the baseline ISA, so the compiler fuses no multiply-add that the oracle's
-// dequantization (io/tensor.cc) does not: the values are the same floats, bit for bit.
+// The x16 tile layouts (quant.h): packing from the file's blocks, exact dequantization and
+// the portable GEMV. Compiled for the baseline ISA, so the compiler fuses no multiply-add
+// that the oracle's dequantization (io/tensor.cc) does not: the values are the same floats.
 #include "targets/cpu/quant.h"
 
 #include <cmath>
@@ -18,78 +18,171 @@ uint16_t load_u16(const uint8_t* p) {
   std::memcpy(&v, p, 2);
   return v;
 }
+uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
 
-// Offset of the quantized bytes in a tile, after the per-row f16 scales (and mins).
-int64_t qs_offset(DType t) { return t == DType::Q4_1 ? 64 : 32; }
+// Q4_K's eight 6-bit scales and mins (the 12-byte packing io/tensor.cc reads).
+void k_scale_min(const uint8_t* q, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = q[j] & 0x3F;
+    m = q[j + 4] & 0x3F;
+  } else {
+    sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 2) & 0x30);
+    m = (q[j + 4] >> 4) | ((q[j] >> 2) & 0x30);
+  }
+}
 
-// The 4-bit value k (0..31) of tile row i, from the nibble layout shared by Q4_0 and Q4_1.
-inline int nibble(const uint8_t* qs, int64_t i, int k) {
-  const int c = k / 8, e = k % 4, high = (k % 8) / 4;
-  const uint8_t byte = qs[c * 64 + 4 * i + e];
-  return high ? byte >> 4 : byte & 0x0F;
+// Where a tile's parts start (quant.h's table).
+struct TileLayout {
+  int64_t qs = 32, qh = 0, sc = 0, m = 0, bytes = 0;
+};
+TileLayout layout(DType t) {
+  switch (t) {
+    case DType::Q8_0: return {32, 0, 0, 0, 544};
+    case DType::Q4_0: return {32, 0, 0, 0, 288};
+    case DType::Q4_1: return {64, 0, 0, 32, 320};
+    case DType::Q5_0: return {32, 288, 0, 0, 352};
+    case DType::Q4_K: return {320, 0, 64, 192, 2368};
+    case DType::Q6_K: return {288, 2336, 32, 0, 3360};
+    default: fail("cpu kernels: no x16 tile layout for {}", dtype_name(t));
+  }
+}
+
+// The stored byte of value k (within the tile's block) of row i, as the VNNI kernel
+// multiplies it: the quantized value plus the type's offset (value_offset), 0..255.
+int stored_value(DType t, const uint8_t* tile, const TileLayout& L, int64_t i, int k) {
+  const int j = k / 32, kk = k % 32, v = kk / 4;  // chunk of 32, value-vector of four
+  if (t == DType::Q8_0) return tile[L.qs + v * 64 + 4 * i + kk % 4];
+  const uint8_t byte = tile[L.qs + j * 256 + (kk / 8) * 64 + 4 * i + kk % 4];
+  int q = (kk % 8) / 4 ? byte >> 4 : byte & 0x0F;
+  if (t == DType::Q5_0) q |= ((tile[L.qh + 4 * i + kk % 4] >> v) & 1) << 4;
+  if (t == DType::Q6_K) q |= ((tile[L.qh + j * 128 + (v / 4) * 64 + 4 * i + kk % 4] >> (2 * (v % 4))) & 3) << 4;
+  return q;
 }
 
 }  // namespace
 
-bool x16_supported(DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0; }
-
-int64_t x16_tile_bytes(DType t) {
-  if (!x16_supported(t)) fail("cpu kernels: no x16 tile layout for {}", dtype_name(t));
-  return kTileRows * dtype_block_bytes(t);
+bool x16_supported(DType t) {
+  switch (t) {
+    case DType::Q8_0:
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q4_K:
+    case DType::Q6_K: return true;
+    default: return false;
+  }
 }
 
+int x16_value_offset(DType t) {
+  switch (t) {
+    case DType::Q8_0: return 128;
+    case DType::Q4_0: return 8;
+    case DType::Q5_0: return 16;
+    case DType::Q6_K: return 32;
+    default: return 0;
+  }
+}
+
+int64_t x16_tile_bytes(DType t) { return layout(t).bytes; }
+
 int64_t x16_bytes(DType t, int64_t rows, int64_t cols) {
-  return (rows + kTileRows - 1) / kTileRows * (cols / kQBlock) * x16_tile_bytes(t);
+  return (rows + kTileRows - 1) / kTileRows * (cols / dtype_block_values(t)) * x16_tile_bytes(t);
 }
 
 void x16_pack_tile(DType t, const uint8_t* const rows[kTileRows], int64_t block, uint8_t* tile) {
-  const int64_t bb = dtype_block_bytes(t);
-  std::memset(tile, 0, size_t(x16_tile_bytes(t)));
-  uint8_t* qs = tile + qs_offset(t);
+  const TileLayout L = layout(t);
+  const int64_t bb = dtype_block_bytes(t), n = dtype_block_values(t);
+  std::memset(tile, 0, size_t(L.bytes));
+  int q[256];  // the block's quantized values of one row, offset included (0..255)
   for (int64_t i = 0; i < kTileRows; ++i) {
     if (!rows[i]) continue;
     const uint8_t* src = rows[i] + block * bb;
-    std::memcpy(tile + 2 * i, src, 2);                              // d
-    if (t == DType::Q4_1) std::memcpy(tile + 32 + 2 * i, src + 2, 2);  // m
-    if (t == DType::Q8_0) {
-      for (int k = 0; k < 32; ++k) qs[(k / 4) * 64 + 4 * i + k % 4] = uint8_t(src[2 + k] ^ 0x80);
-      continue;
+    switch (t) {
+      case DType::Q8_0:
+        std::memcpy(tile + 2 * i, src, 2);
+        for (int k = 0; k < 32; ++k) q[k] = src[2 + k] ^ 0x80;
+        break;
+      case DType::Q4_0:
+      case DType::Q4_1:
+      case DType::Q5_0: {
+        std::memcpy(tile + 2 * i, src, 2);
+        if (t == DType::Q4_1) std::memcpy(tile + L.m + 2 * i, src + 2, 2);
+        // GGML's 32-value blocks: byte j holds value j (low nibble) and value j + 16 (high);
+        // Q5_0's qh bit j is value j's fifth bit.
+        const uint8_t* qs = src + (t == DType::Q4_1 ? 4 : t == DType::Q5_0 ? 6 : 2);
+        const uint32_t qh = t == DType::Q5_0 ? load_u32(src + 2) : 0;
+        for (int j = 0; j < 16; ++j) {
+          q[j] = (qs[j] & 0x0F) | int((qh >> j) & 1) << 4;
+          q[j + 16] = (qs[j] >> 4) | int((qh >> (j + 16)) & 1) << 4;
+        }
+        break;
+      }
+      case DType::Q4_K: {
+        std::memcpy(tile + 2 * i, src, 2);            // d
+        std::memcpy(tile + 32 + 2 * i, src + 2, 2);   // dmin
+        for (int g = 0; g < 8; ++g) {
+          int sc, m;
+          k_scale_min(src + 4, g, sc, m);
+          tile[L.sc + g * 16 + i] = uint8_t(sc);
+          tile[L.m + g * 16 + i] = uint8_t(m);
+          for (int l = 0; l < 32; ++l) q[g * 32 + l] = (src[16 + (g / 2) * 32 + l] >> (4 * (g % 2))) & 0x0F;
+        }
+        break;
+      }
+      case DType::Q6_K: {
+        std::memcpy(tile + 2 * i, src + 208, 2);  // d
+        for (int s = 0; s < 16; ++s) tile[L.sc + s * 16 + i] = src[192 + s];
+        const uint8_t *ql = src, *qh = src + 128;
+        for (int k = 0; k < 256; ++k) {
+          const int h = k / 128, r = k % 128;
+          q[k] = ((ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F) | ((qh[32 * h + r % 32] >> (2 * (r / 32))) & 3) << 4;
+        }
+        break;
+      }
+      default: fail("cpu kernels: no x16 tile layout for {}", dtype_name(t));
     }
-    // GGML's 4-bit blocks: byte j holds value j (low nibble) and value j + 16 (high).
-    const uint8_t* q = src + (t == DType::Q4_1 ? 4 : 2);
-    int n[32];
-    for (int j = 0; j < 16; ++j) {
-      n[j] = q[j] & 0x0F;
-      n[j + 16] = q[j] >> 4;
+    for (int k = 0; k < n; ++k) {
+      const int j = k / 32, kk = k % 32, v = kk / 4, e = kk % 4;
+      if (t == DType::Q8_0) {
+        tile[L.qs + v * 64 + 4 * i + e] = uint8_t(q[k]);
+        continue;
+      }
+      tile[L.qs + j * 256 + (kk / 8) * 64 + 4 * i + e] |= uint8_t((q[k] & 0x0F) << (4 * ((kk % 8) / 4)));
+      if (t == DType::Q5_0) tile[L.qh + 4 * i + e] |= uint8_t(((q[k] >> 4) & 1) << v);
+      if (t == DType::Q6_K) tile[L.qh + j * 128 + (v / 4) * 64 + 4 * i + e] |= uint8_t(((q[k] >> 4) & 3) << (2 * (v % 4)));
     }
-    for (int c = 0; c < 4; ++c)
-      for (int e = 0; e < 4; ++e) qs[c * 64 + 4 * i + e] = uint8_t(n[8 * c + e] | n[8 * c + 4 + e] << 4);
   }
 }
 
 void x16_rows_f32(DType t, const uint8_t* tiles, int64_t cols, int64_t r0, int64_t r1, int64_t k0, int64_t k1,
                   float* out, int64_t ld) {
-  const int64_t blocks = cols / kQBlock, tb = x16_tile_bytes(t);
+  const TileLayout L = layout(t);
+  const int64_t n = dtype_block_values(t), blocks = cols / n, off = x16_value_offset(t);
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t g = r / kTileRows, i = r % kTileRows;
     float* o = out + (r - r0) * ld;
-    for (int64_t b = k0 / kQBlock; b < k1 / kQBlock; ++b, o += kQBlock) {
-      const uint8_t* tile = tiles + (g * blocks + b) * tb;
-      const uint8_t* qs = tile + qs_offset(t);
+    for (int64_t c = k0; c < k1; ++c) {
+      const uint8_t* tile = tiles + (g * blocks + c / n) * L.bytes;
+      const int k = int(c % n);
+      const int q = stored_value(t, tile, L, i, k) - int(off);
       const float d = f16_to_f32(load_u16(tile + 2 * i));
-      // The products io/tensor.cc computes for the same block, in the same order.
+      // The products io/tensor.cc computes for the same value, in the same order.
       switch (t) {
-        case DType::Q8_0:
-          for (int k = 0; k < 32; ++k) o[k] = float(int8_t(qs[(k / 4) * 64 + 4 * i + k % 4] ^ 0x80)) * d;
-          break;
+        case DType::Q8_0: o[c - k0] = float(q) * d; break;
         case DType::Q4_0:
-          for (int k = 0; k < 32; ++k) o[k] = d * float(nibble(qs, i, k) - 8);
-          break;
-        case DType::Q4_1: {
-          const float m = f16_to_f32(load_u16(tile + 32 + 2 * i));
-          for (int k = 0; k < 32; ++k) o[k] = d * float(nibble(qs, i, k)) + m;
+        case DType::Q5_0: o[c - k0] = d * float(q); break;
+        case DType::Q4_1: o[c - k0] = d * float(q) + f16_to_f32(load_u16(tile + L.m + 2 * i)); break;
+        case DType::Q4_K: {
+          const float dl = d * float(tile[L.sc + (k / 32) * 16 + i]);
+          const float ml = f16_to_f32(load_u16(tile + 32 + 2 * i)) * float(tile[L.m + (k / 32) * 16 + i]);
+          o[c - k0] = dl * float(q) - ml;
           break;
         }
+        case DType::Q6_K: o[c - k0] = (d * float(int8_t(tile[L.sc + (k / 16) * 16 + i]))) * float(q); break;
         default: fail("cpu kernels: no x16 tile layout for {}", dtype_name(t));
       }
     }
@@ -98,20 +191,21 @@ void x16_rows_f32(DType t, const uint8_t* tiles, int64_t cols, int64_t r0, int64
 
 void x16_rows_bf16(DType t, const uint8_t* tiles, int64_t cols, int64_t r0, int64_t r1, int64_t k0, int64_t k1,
                    uint16_t* out, int64_t ld) {
-  float row[kQBlock];
+  float row[256];
   for (int64_t r = r0; r < r1; ++r)
-    for (int64_t k = k0; k < k1; k += kQBlock) {
-      x16_rows_f32(t, tiles, cols, r, r + 1, k, k + kQBlock, row, kQBlock);
+    for (int64_t k = k0; k < k1; k += 256) {
+      const int64_t e = std::min(k1, k + 256);
+      x16_rows_f32(t, tiles, cols, r, r + 1, k, e, row, 256);
       uint16_t* o = out + (r - r0) * ld + (k - k0);
-      for (int64_t j = 0; j < kQBlock; ++j) o[j] = f32_to_bf16(row[j]);
+      for (int64_t j = 0; j < e - k; ++j) o[j] = f32_to_bf16(row[j]);
     }
 }
 
 void Q8Row::quantize(const float* x, int64_t cols) {
   const int64_t blocks = cols / kQBlock;
   d.resize(size_t(blocks));
-  sum_hi.resize(size_t(blocks));
-  sum_lo.resize(size_t(blocks));
+  sum_hi.resize(size_t(2 * blocks));
+  sum_lo.resize(size_t(2 * blocks));
   hi.resize(size_t(cols));
   lo.resize(size_t(cols));
   for (int64_t b = 0; b < blocks; ++b) {
@@ -123,49 +217,63 @@ void Q8Row::quantize(const float* x, int64_t cols) {
       finite = finite && std::isfinite(xb[k]);
     }
     const float id = amax > 0 && finite ? 127.0f / amax : 0.0f;
-    int32_t sh = 0, sl = 0;
+    int32_t sh[2] = {0, 0}, sl[2] = {0, 0};
     for (int64_t k = 0; k < kQBlock; ++k) {
       const float v = xb[k] * id;
       const float h = std::nearbyint(v);
       const int l = int(std::nearbyint((v - h) * kLoScale));
       hi[size_t(b * kQBlock + k)] = int8_t(h);
       lo[size_t(b * kQBlock + k)] = int8_t(l);
-      sh += int(h);
-      sl += l;
+      sh[k / 16] += int(h);
+      sl[k / 16] += l;
     }
     // A non-finite value makes the scale NaN, so every product with the block is NaN (never
     // hidden as a zero).
     d[size_t(b)] = finite ? amax / 127.0f : NAN;
-    sum_hi[size_t(b)] = sh;
-    sum_lo[size_t(b)] = sl;
+    for (int h = 0; h < 2; ++h) {
+      sum_hi[size_t(2 * b + h)] = sh[h];
+      sum_lo[size_t(2 * b + h)] = sl[h];
+    }
   }
 }
 
 void x16_gemv_rows(const Q8Row& x, DType t, const uint8_t* tiles, int64_t cols, int64_t r0, int64_t r1, float* y) {
-  const int64_t blocks = cols / kQBlock, tb = x16_tile_bytes(t);
-  const int offset = t == DType::Q4_0 ? 8 : t == DType::Q8_0 ? 128 : 0;  // what the tile's bytes add
+  const TileLayout L = layout(t);
+  const int64_t n = dtype_block_values(t), blocks = cols / n;
+  const int off = x16_value_offset(t);
+  const int group = t == DType::Q6_K ? 16 : 32;  // values sharing one scale
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t g = r / kTileRows, i = r % kTileRows;
-    float acc = 0;
+    float acc = 0, acc_min = 0;
     for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* tile = tiles + (g * blocks + b) * tb;
-      const uint8_t* qs = tile + qs_offset(t);
-      const int8_t* xh = x.hi.data() + b * kQBlock;
-      const int8_t* xl = x.lo.data() + b * kQBlock;
-      int32_t dot_hi = -offset * x.sum_hi[size_t(b)], dot_lo = -offset * x.sum_lo[size_t(b)];
-      for (int k = 0; k < 32; ++k) {
-        const int v = t == DType::Q8_0 ? qs[(k / 4) * 64 + 4 * i + k % 4] : nibble(qs, i, k);
-        dot_hi += v * xh[k];
-        dot_lo += v * xl[k];
-      }
-      const float dd = f16_to_f32(load_u16(tile + 2 * i)) * x.d[size_t(b)];
-      acc += (float(dot_hi) + float(dot_lo) * (1.0f / Q8Row::kLoScale)) * dd;
-      if (t == DType::Q4_1) {
-        const float xsum = float(x.sum_hi[size_t(b)]) + float(x.sum_lo[size_t(b)]) * (1.0f / Q8Row::kLoScale);
-        acc += f16_to_f32(load_u16(tile + 32 + 2 * i)) * (x.d[size_t(b)] * xsum);
+      const uint8_t* tile = tiles + (g * blocks + b) * L.bytes;
+      const float d = f16_to_f32(load_u16(tile + 2 * i));
+      for (int k0 = 0; k0 < n; k0 += group) {
+        const int64_t xk = b * n + k0, xb = xk / kQBlock;  // x's value index and 32-value block
+        int32_t dot_hi = -off * x.sum_hi[size_t(xk / 16)], dot_lo = -off * x.sum_lo[size_t(xk / 16)];
+        if (group == 32) {
+          dot_hi -= off * x.sum_hi[size_t(xk / 16 + 1)];
+          dot_lo -= off * x.sum_lo[size_t(xk / 16 + 1)];
+        }
+        for (int k = k0; k < k0 + group; ++k) {
+          const int v = stored_value(t, tile, L, i, k);
+          dot_hi += v * x.hi[size_t(b * n + k)];
+          dot_lo += v * x.lo[size_t(b * n + k)];
+        }
+        float scale = d;
+        if (t == DType::Q4_K) scale = d * float(tile[L.sc + (k0 / 32) * 16 + i]);
+        if (t == DType::Q6_K) scale = d * float(int8_t(tile[L.sc + (k0 / 16) * 16 + i]));
+        const float xd = x.d[size_t(xb)];
+        acc += (float(dot_hi) + float(dot_lo) * (1.0f / Q8Row::kLoScale)) * (scale * xd);
+        if (t == DType::Q4_1 || t == DType::Q4_K) {
+          const float xsum = x.block_sum(xb);
+          const float m = t == DType::Q4_1 ? f16_to_f32(load_u16(tile + L.m + 2 * i))
+                                           : -(f16_to_f32(load_u16(tile + 32 + 2 * i)) * float(tile[L.m + (k0 / 32) * 16 + i]));
+          acc_min += m * (xd * xsum);
+        }
       }
     }
-    y[r] = acc;
+    y[r] = acc + acc_min;
   }
 }
 

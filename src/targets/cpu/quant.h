@@ -1,22 +1,30 @@
 // Quantized weights as the cpu kernels read them: GGML blocks re-laid 16 rows at a time.
 //
-// A file stores a quantized matrix row after row, each row a run of blocks (scale, then the
-// block's 32 quantized values). A decode GEMV wants the opposite: one vector lane per output
+// A file stores a quantized matrix row after row, each row a run of blocks (scales, then the
+// block's quantized values). A decode GEMV wants the opposite: one vector lane per output
 // row, so that a block's scale for 16 rows is one vector and a dot product needs no
 // horizontal sums. So at load the cpu target re-lays each matrix into tiles of 16 rows x one
-// block ("x16"), with exactly the file's bytes per block (the tiles replace the mapped rows:
-// memory stays the file's size). Tile (g, b) holds block b of rows 16g..16g+15:
+// block ("x16"). Tile (g, b) holds block b (32 values, or 256 for the K-quants) of rows
+// 16g..16g+15. Every value is stored as an unsigned byte q + offset (x16_value_offset) split
+// into a low nibble, kept in "value vectors", and the high bits:
 //
-//   Q4_0x16 (288 B): f16 d[16]; u8 qs[4][64]: qs[c][4i + e] = n(i, 8c + e) | n(i, 8c + 4 + e) << 4
-//   Q4_1x16 (320 B): f16 d[16]; f16 m[16]; u8 qs[4][64] as Q4_0
-//   Q8_0x16 (544 B): f16 d[16]; u8 qs[8][64]: qs[j][4i + e] = q(i, 4j + e) + 128
+//   value vector: 64 bytes whose 32-bit lane i holds four consecutive values of row i; a
+//   32-value chunk is 8 of them. 4-bit parts are packed two vectors per 64 bytes (qs[c]:
+//   low nibbles = vector 2c, high nibbles = vector 2c + 1); Q8_0's bytes are whole.
 //
-// where n(i, k) is the 4-bit value k of row i's block (0..15), q(i, k) its int8 value. So a
-// 64-byte vector of qs (nibbles split into low and high) holds, in 32-bit lane i, four
-// consecutive values of row i: one VNNI dot-product instruction (u8 x s8, four products
-// summed per lane) advances 16 rows by four values against four broadcast activation bytes.
-// Values stay exactly the file's (Q8_0 is biased by 128 to be unsigned; the kernels subtract
-// 128 x the activations' sum). Rows past the matrix's end are zero (scale 0).
+//   type  tile bytes (file's)   parts, in order
+//   Q8_0   544 (544)  f16 d[16]; qs[8][64] (q + 128)
+//   Q4_0   288 (288)  f16 d[16]; qs[4][64]
+//   Q4_1   320 (320)  f16 d[16]; f16 m[16]; qs[4][64]
+//   Q5_0   352 (352)  f16 d[16]; qs[4][64]; qh[64]: bit v of byte 4i+e = fifth bit of vector v's value
+//   Q4_K  2368 (2304) f16 d[16]; f16 dmin[16]; u8 sc[8][16]; u8 m[8][16]; qs[8 chunks][4][64]
+//   Q6_K  3360 (3360) f16 d[16]; i8 sc[16][16]; qs[8][4][64]; qh[8][2][64]: bits 2s..2s+1 of
+//                     byte 4i+e in qh[j][h] = high two bits of chunk j's vector 4h+s
+//
+// One VNNI dot-product instruction (u8 x s8, four products summed per lane) then advances 16
+// rows by four values against four broadcast activation bytes. Q4_K's 6-bit scales and mins
+// are unpacked to bytes (2.8% more than the file); every value is exactly the file's. Rows
+// past the matrix's end are zero (scale 0).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -30,16 +38,18 @@ inline constexpr int64_t kQBlock = 32;  // values per block of every x16 type
 
 // Whether the cpu kernels read `t` re-laid as x16 tiles (the others are converted to bf16).
 bool x16_supported(DType t);
-// Bytes of one tile of type t (16 x the block's bytes).
+// What a stored byte adds to the quantized value (Q4_0 8, Q5_0 16, Q6_K 32, Q8_0 128).
+int x16_value_offset(DType t);
+// Bytes of one tile of type t.
 int64_t x16_tile_bytes(DType t);
 // Bytes of a [rows, cols] matrix of type t as x16 tiles (rows padded to 16).
 int64_t x16_bytes(DType t, int64_t rows, int64_t cols);
 
 // Writes the tile of block `block` of 16 rows, each given as its bytes in the file (a null
-// row: zeros). Tile (g, b) of a matrix lies at (g * cols / 32 + b) * x16_tile_bytes(t).
+// row: zeros). Tile (g, b) of a matrix lies at (g * blocks per row + b) * x16_tile_bytes(t).
 void x16_pack_tile(DType t, const uint8_t* const rows[kTileRows], int64_t block, uint8_t* tile);
 
-// Exact values of rows [r0, r1) x columns [k0, k1) (k0, k1 multiples of 32) as fp32, row
+// Exact values of rows [r0, r1) x columns [k0, k1) as fp32, row
 // stride ld: the same products the oracle's dequantization computes (io/tensor.cc).
 void x16_rows_f32(DType t, const uint8_t* tiles, int64_t cols, int64_t r0, int64_t r1, int64_t k0, int64_t k1,
                   float* out, int64_t ld);
@@ -56,9 +66,14 @@ void x16_rows_bf16(DType t, const uint8_t* tiles, int64_t cols, int64_t r0, int6
 struct Q8Row {
   static constexpr float kLoScale = 254.0f;
   std::vector<float> d;                  // per block
-  std::vector<int32_t> sum_hi, sum_lo;   // per block: the sums of hi and of lo
+  std::vector<int32_t> sum_hi, sum_lo;   // per 16 values: the sums of hi and of lo
   std::vector<int8_t> hi, lo;            // cols values each
   void quantize(const float* x, int64_t cols);
+  // Block b's sum of x as quantized, over d: sum(hi) + sum(lo) / 254.
+  float block_sum(int64_t b) const {
+    return float(sum_hi[size_t(2 * b)] + sum_hi[size_t(2 * b + 1)]) +
+           float(sum_lo[size_t(2 * b)] + sum_lo[size_t(2 * b + 1)]) * (1.0f / kLoScale);
+  }
 };
 // y[r] = row r . x for r in [r0, r1): per block, the integer dots of the block's values with
 // hi and lo (the weights' offset taken out in integers), combined as dot_hi + dot_lo / 254,

@@ -23,7 +23,7 @@ const cpu::WeightMatrix& CpuWeightStore::load(const Weight& w) {
   if (auto it = matrices_.find(w.name); it != matrices_.end()) return it->second;
   const DType t = w.info.dtype;
   const int64_t rows = w.rows(), cols = w.cols();
-  if (!cpu::x16_supported(t) || cols % cpu::kQBlock != 0) {
+  if (!cpu::x16_supported(t) || cols % dtype_block_values(t) != 0) {
     const int64_t mapped = bf16_.mapped_bytes();
     const cpu::WeightMatrix m(bf16_.load(w));
     format_[w.name] = bf16_.mapped_bytes() > mapped ? "bf16 mapped" : fmt::format("bf16 converted from {}", dtype_name(t));
@@ -34,7 +34,7 @@ const cpu::WeightMatrix& CpuWeightStore::load(const Weight& w) {
   if (!out) throw std::bad_alloc();
   tiles_.emplace_back(out);
   const uint64_t row_bytes = dtype_bytes(t, cols);
-  const int64_t groups = (rows + cpu::kTileRows - 1) / cpu::kTileRows, blocks = cols / cpu::kQBlock;
+  const int64_t groups = (rows + cpu::kTileRows - 1) / cpu::kTileRows, blocks = cols / dtype_block_values(t);
   const int64_t tile = cpu::x16_tile_bytes(t);
   // Each group of 16 rows is independent: pack them in parallel.
   auto pack = [&](int64_t g0, int64_t g1) {
