@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tessera against llama.cpp on the host CPU, same weights (BF16), same threads, same run.
+# tessera against llama.cpp on the host CPU, same weights, same threads, same run.
 #
 #   bench/llama_cpp.sh [MODEL] [--threads N] [--tessera BIN] [--rounds N] [--reps N] [--gen N]
 #                      [--llama-only] [--tessera-on-bf16] [--json FILE]
@@ -7,8 +7,10 @@
 # MODEL: a Hugging Face directory or GGUF file (default: the default model,
 # models/SmolLM2-135M-Instruct.Q4_1.gguf). llama.cpp's llama-bench is built from the
 # llama.cpp vendored in the source distribution of the PyPI package llama-cpp-python
-# (pinned below), once, under ${TESSERA_CACHE:-$HOME/.cache/tessera}/llama.cpp; the model is
-# written as a BF16 GGUF with `tessera convert` (cached by source path and mtime). Then both
+# (pinned below), once, under ${TESSERA_CACHE:-$HOME/.cache/tessera}/llama.cpp. A quantized
+# GGUF runs as it is on both sides (--tessera-on-bf16: both on its BF16 conversion); any other
+# model is written as a BF16 GGUF for llama.cpp with `tessera convert` (cached by source path
+# and mtime), tessera running MODEL itself unless --tessera-on-bf16. Then both
 # sides run back to back with the same thread count, --rounds times (default 3), and a table
 # prints each metric: each side's median over the rounds and the median of the per-round
 # ratios tessera / llama.cpp (> 1: tessera is faster), with every round's ratio.
@@ -70,7 +72,17 @@ LLAMA_BENCH_HELP=$("$LLAMA_BENCH" --help 2>&1 || true)
 grep -q -- '--n-depth' <<<"$LLAMA_BENCH_HELP" \
   || die "this llama-bench has no -d/--n-depth option (decode at a context needs it)"
 
-# --- 2. the same weights as a BF16 GGUF (cached by source path and mtime) --------------
+# --- 2. the same weights: a quantized GGUF as it is, else a BF16 GGUF ------------------
+# A quantized file (Q4_0, Q4_K_M, ...) runs as it is on both sides (--tessera-on-bf16: both on
+# its BF16 conversion instead); anything else is converted to BF16 for llama.cpp (cached by
+# source path and mtime).
+QUANTIZED=0
+if [ -f "$MODEL" ] && "$TESSERA" inspect "$MODEL" --json 2>/dev/null | python3 -c '
+import json, sys
+types = json.load(sys.stdin).get("tensors", {}).get("dtypes", {})
+sys.exit(0 if any(t.startswith(("Q", "IQ")) for t in types) else 1)'; then
+  QUANTIZED=1
+fi
 if [ -d "$MODEL" ]; then
   MTIME=$(find "$MODEL" -maxdepth 1 -type f \( -name '*.json' -o -name '*.safetensors' \) -printf '%T@\n' | sort -n | tail -1)
 else
@@ -79,7 +91,10 @@ fi
 KEY=$(printf 'convert-v1\n%s\n%s\n' "$MODEL" "$MTIME" | sha256sum | cut -c1-16)
 NAME=$(basename "$MODEL"); NAME=${NAME%.gguf}
 GGUF=$CACHE/models/$NAME-$KEY.bf16.gguf
-if [ ! -f "$GGUF" ]; then
+if [ "$QUANTIZED" = 1 ] && [ "$TESSERA_ON_BF16" = 0 ]; then
+  GGUF=$MODEL
+  say "$MODEL is quantized: both engines run it as it is"
+elif [ ! -f "$GGUF" ]; then
   mkdir -p "$CACHE/models"
   say "converting $MODEL to BF16 GGUF ..."
   "$TESSERA" convert "$MODEL" --to gguf --dtype bf16 --out "$GGUF.part" --quiet >&2 \

@@ -438,6 +438,33 @@ TS_BF16_INLINE __m512 scales_i8(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
+// Value vectors 2c and 2c + 1 of chunk j (32 values) of a tile: unsigned bytes, q + offset,
+// 32-bit lane i holding four consecutive values of row i.
+template <DType kType>
+TS_BF16_INLINE void value_vectors(const uint8_t* tile, int j, int c, __m512i& v0, __m512i& v1) {
+  constexpr X16Layout L = x16_layout(kType);
+  if constexpr (kType == DType::Q8_0) {
+    v0 = _mm512_loadu_si512(tile + L.qs + 64 * (2 * c));
+    v1 = _mm512_loadu_si512(tile + L.qs + 64 * (2 * c + 1));
+    return;
+  } else {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i v = _mm512_loadu_si512(tile + L.qs + j * 256 + 64 * c);
+    v0 = _mm512_and_si512(v, low4);
+    v1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    if constexpr (kType == DType::Q5_0) {
+      const __m512i h = _mm512_loadu_si512(tile + L.qh);
+      v0 = _mm512_or_si512(v0, high_bits(h, 2 * c, 1));
+      v1 = _mm512_or_si512(v1, high_bits(h, 2 * c + 1, 1));
+    }
+    if constexpr (kType == DType::Q6_K) {
+      const __m512i h = _mm512_loadu_si512(tile + L.qh + j * 128 + (c / 2) * 64);
+      v0 = _mm512_or_si512(v0, high_bits(h, 2 * ((2 * c) % 4), 2));
+      v1 = _mm512_or_si512(v1, high_bits(h, 2 * ((2 * c + 1) % 4), 2));
+    }
+  }
+}
+
 // y[16 g + i] for tile rows of groups [g0, g1), masked at the matrix's last row.
 template <DType kType>
 TS_BF16 void gemv_x16(const Q8Row& x, const uint8_t* tiles, int64_t N, int64_t K, const float* bias, float* y,
@@ -449,7 +476,6 @@ TS_BF16 void gemv_x16(const Q8Row& x, const uint8_t* tiles, int64_t N, int64_t K
                               : kType == DType::Q5_0 ? 16 : kType == DType::Q6_K ? 32 : 0;
   constexpr bool kHalves = kType == DType::Q6_K;  // a scale per 16 values
   const int64_t blocks = K / L.values;
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512 lo_scale = _mm512_set1_ps(1.0f / Q8Row::kLoScale);
   const int32_t* xh = reinterpret_cast<const int32_t*>(x.hi.data());
   const int32_t* xl = reinterpret_cast<const int32_t*>(x.lo.data());
@@ -479,27 +505,9 @@ TS_BF16 void gemv_x16(const Q8Row& x, const uint8_t* tiles, int64_t N, int64_t K
           sh[0] = _mm512_set1_epi32(-kOffset * (s16h[0] + s16h[1]));
           sl[0] = _mm512_set1_epi32(-kOffset * (s16l[0] + s16l[1]));
         }
-        const uint8_t* qs = tile + L.qs + (kType == DType::Q8_0 ? 0 : j * 256);
         for (int c = 0; c < 4; ++c) {  // value vectors 2c and 2c + 1
           __m512i v0, v1;
-          if constexpr (kType == DType::Q8_0) {
-            v0 = _mm512_loadu_si512(qs + 64 * (2 * c));
-            v1 = _mm512_loadu_si512(qs + 64 * (2 * c + 1));
-          } else {
-            const __m512i v = _mm512_loadu_si512(qs + 64 * c);
-            v0 = _mm512_and_si512(v, low4);
-            v1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-          }
-          if constexpr (kType == DType::Q5_0) {
-            const __m512i h = _mm512_loadu_si512(tile + L.qh);
-            v0 = _mm512_or_si512(v0, high_bits(h, 2 * c, 1));
-            v1 = _mm512_or_si512(v1, high_bits(h, 2 * c + 1, 1));
-          }
-          if constexpr (kType == DType::Q6_K) {
-            const __m512i h = _mm512_loadu_si512(tile + L.qh + j * 128 + (c / 2) * 64);
-            v0 = _mm512_or_si512(v0, high_bits(h, 2 * ((2 * c) % 4), 2));
-            v1 = _mm512_or_si512(v1, high_bits(h, 2 * ((2 * c + 1) % 4), 2));
-          }
+          value_vectors<kType>(tile, j, c, v0, v1);
           const int h = kHalves ? c / 2 : 0;
           sh[h] = _mm512_dpbusd_epi32(sh[h], v0, _mm512_set1_epi32(bh[2 * c]));
           sl[h] = _mm512_dpbusd_epi32(sl[h], v0, _mm512_set1_epi32(bl[2 * c]));
@@ -546,6 +554,76 @@ void gemv_quantized(const Q8Row& x, const WeightMatrix& w, const float* bias, fl
   }
 }
 
+// Rows [16 g, 16 g + 16) of a matrix of x16 tiles as bf16 rows (row stride ld, the rows past
+// the matrix's end written too: zeros). Each value is the product io/tensor.cc computes for it
+// (no multiply-add fused, as there), rounded to nearest even.
+template <DType kType>
+__attribute__((optimize("fp-contract=off"))) TS_BF16 void dequant_group_bf16(const uint8_t* tiles, int64_t K,
+                                                                             int64_t g, uint16_t* out, int64_t ld) {
+  constexpr X16Layout L = x16_layout(kType);
+  constexpr int kChunks = int(L.values / 32);
+  constexpr int kOffset = kType == DType::Q8_0 ? 128 : kType == DType::Q4_0 ? 8
+                          : kType == DType::Q5_0 ? 16 : kType == DType::Q6_K ? 32 : 0;
+  const int64_t blocks = K / L.values;
+  const __m512 off = _mm512_set1_ps(float(kOffset));
+  // Lane l of quarter q belongs to row 4q + l / 4.
+  __m512i row_of[4];
+  for (int q = 0; q < 4; ++q) {
+    alignas(64) int32_t idx[16];
+    for (int l = 0; l < 16; ++l) idx[l] = 4 * q + l / 4;
+    row_of[q] = _mm512_load_si512(idx);
+  }
+  const uint8_t* tile = tiles + g * blocks * L.bytes;
+  for (int64_t b = 0; b < blocks; ++b, tile += L.bytes) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile)));
+    for (int j = 0; j < kChunks; ++j) {
+      // Per row: value = scale * q (+ add), as the reader computes it for this type.
+      __m512 scale[2] = {d, d}, add = _mm512_setzero_ps();
+      if constexpr (kType == DType::Q4_1)
+        add = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + L.m)));
+      if constexpr (kType == DType::Q4_K) {
+        scale[0] = scale[1] = _mm512_mul_ps(d, scales_u8(tile + L.sc + j * 16));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 32)));
+        add = _mm512_mul_ps(dmin, scales_u8(tile + L.m + j * 16));  // subtracted
+      }
+      if constexpr (kType == DType::Q6_K)
+        for (int h = 0; h < 2; ++h) scale[h] = _mm512_mul_ps(d, scales_i8(tile + L.sc + (2 * j + h) * 16));
+      for (int c = 0; c < 4; ++c) {
+        __m512i vv[2];
+        value_vectors<kType>(tile, j, c, vv[0], vv[1]);
+        for (int half = 0; half < 2; ++half) {
+          const int64_t col = b * L.values + j * 32 + 8 * c + 4 * half;  // value vector 2c + half
+          const __m512 sc = scale[kType == DType::Q6_K ? c / 2 : 0];
+          alignas(64) uint8_t bytes[64];  // lanes of 16 rows, four values each
+          _mm512_store_si512(bytes, vv[half]);
+          for (int q = 0; q < 4; ++q) {
+            const __m128i part = _mm_load_si128(reinterpret_cast<const __m128i*>(bytes + 16 * q));
+            const __m512 qv = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(part)), off);
+            __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(row_of[q], sc), qv);
+            if constexpr (kType == DType::Q4_1) v = _mm512_add_ps(v, _mm512_permutexvar_ps(row_of[q], add));
+            if constexpr (kType == DType::Q4_K) v = _mm512_sub_ps(v, _mm512_permutexvar_ps(row_of[q], add));
+            alignas(32) uint64_t four[4];  // rows 4q..4q+3, four bf16 values each
+            _mm256_store_si256(reinterpret_cast<__m256i*>(four), (__m256i)_mm512_cvtneps_pbh(v));
+            for (int r = 0; r < 4; ++r) std::memcpy(out + (4 * q + r) * ld + col, &four[r], 8);
+          }
+        }
+      }
+    }
+  }
+}
+
+void dequant_rows_bf16(const WeightMatrix& w, int64_t g, uint16_t* out, int64_t ld) {
+  switch (w.dtype) {
+    case DType::Q4_0: return dequant_group_bf16<DType::Q4_0>(w.tiles(), w.cols, g, out, ld);
+    case DType::Q4_1: return dequant_group_bf16<DType::Q4_1>(w.tiles(), w.cols, g, out, ld);
+    case DType::Q5_0: return dequant_group_bf16<DType::Q5_0>(w.tiles(), w.cols, g, out, ld);
+    case DType::Q8_0: return dequant_group_bf16<DType::Q8_0>(w.tiles(), w.cols, g, out, ld);
+    case DType::Q4_K: return dequant_group_bf16<DType::Q4_K>(w.tiles(), w.cols, g, out, ld);
+    case DType::Q6_K: return dequant_group_bf16<DType::Q6_K>(w.tiles(), w.cols, g, out, ld);
+    default: fail("cpu kernels: no AVX-512 kernel reads {} weights", dtype_name(w.dtype));
+  }
+}
+
 // T > 1 on quantized weights: each block of up to 64 rows is dequantized once into a bf16
 // scratch [64, K] (kept in L2) and the bf16 GEMM runs on it for all T tokens, so the blocks
 // are expanded once per call whatever T is.
@@ -554,10 +632,12 @@ void gemm_quantized_range(const uint16_t* xb, int64_t xs, int64_t T, const Weigh
                           float* y, int64_t n0, int64_t n1, const GemmBlocking& blk) {
   const int64_t K = w.cols, N = w.rows;
   thread_local std::vector<uint16_t, AlignedAlloc<uint16_t>> scratch;
-  if (scratch.size() < size_t(kDequantRows * K)) scratch.resize(size_t(kDequantRows * K));
+  if (scratch.size() < size_t((kDequantRows + kTileRows) * K)) scratch.resize(size_t((kDequantRows + kTileRows) * K));
   for (int64_t r0 = n0; r0 < n1; r0 += kDequantRows) {
     const int64_t rows = std::min(kDequantRows, n1 - r0);
-    x16_rows_bf16(w.dtype, w.tiles(), K, r0, r0 + rows, 0, K, scratch.data(), K);
+    // r0 is a multiple of 16 (the threads split N in groups of 16); whole groups are written.
+    for (int64_t g = r0 / kTileRows; g * kTileRows < r0 + rows; ++g)
+      dequant_rows_bf16(w, g, scratch.data() + (g * kTileRows - r0) * K, K);
     const Bf16Matrix part{scratch.data(), rows, K};
     const float* b = bias ? bias + r0 : nullptr;
     if (T >= kPackedMinT)
