@@ -192,26 +192,53 @@ std::vector<OpCase> rmsnorm_cases(const OpInputs& in) {
   return out;
 }
 
+// Layer 0, then the first layer of each other combination of storage types the stage's
+// matrices have (a Q4_K_M file keeps some layers' v_proj and down_proj in Q6_K or Q8_0): a
+// case per (op, weight format) the model runs, each with its own error model.
+std::vector<int64_t> layers_per_format(const Model& m, const std::vector<std::string>& suffixes) {
+  std::vector<int64_t> out;
+  std::set<std::vector<DType>> seen;
+  for (int64_t l = 0; l < m.spec().n_layers; ++l) {
+    std::vector<DType> types;
+    for (const std::string& sfx : suffixes) types.push_back(m.get(layer_tensor(l, sfx.c_str())).info.dtype);
+    if (seen.insert(types).second) out.push_back(l);
+  }
+  return out;
+}
+
 std::vector<OpCase> projection_cases(const OpInputs& in) {
   const ModelSpec& s = in.model->spec();
-  auto t = [](const char* suffix) { return layer_tensor(0, suffix); };
-  auto b = [&](bool has, const char* suffix) { return has ? t(suffix) : std::string(); };
   std::vector<OpCase> out;
-  for (int64_t rows : {in.T, int64_t(1)}) {
-    out.push_back(linear_case(in, Stage::QkvProj, "attn_norm",
-                              {{"q_proj", t("self_attn.q_proj.weight"), b(s.qkv_bias, "self_attn.q_proj.bias")},
-                               {"k_proj", t("self_attn.k_proj.weight"), b(s.qkv_bias, "self_attn.k_proj.bias")},
-                               {"v_proj", t("self_attn.v_proj.weight"), b(s.qkv_bias, "self_attn.v_proj.bias")}},
-                              rows));
-    out.push_back(linear_case(in, Stage::OProj, "attn",
-                              {{"o_proj", t("self_attn.o_proj.weight"), b(s.o_bias, "self_attn.o_proj.bias")}}, rows));
-    out.push_back(linear_case(in, Stage::GateUpProj, "mlp_norm",
-                              {{"gate_proj", t("mlp.gate_proj.weight"), b(s.mlp_bias, "mlp.gate_proj.bias")},
-                               {"up_proj", t("mlp.up_proj.weight"), b(s.mlp_bias, "mlp.up_proj.bias")}},
-                              rows));
-    out.push_back(linear_case(in, Stage::DownProj, "act",
-                              {{"down_proj", t("mlp.down_proj.weight"), b(s.mlp_bias, "mlp.down_proj.bias")}}, rows));
-  }
+  struct Proj {
+    Stage stage;
+    const char* x_probe;
+    std::vector<std::pair<const char*, const char*>> outs;  // role, tensor (without .weight)
+    bool bias;
+  };
+  const Proj projs[] = {
+      {Stage::QkvProj, "attn_norm", {{"q_proj", "self_attn.q_proj"}, {"k_proj", "self_attn.k_proj"}, {"v_proj", "self_attn.v_proj"}}, s.qkv_bias},
+      {Stage::OProj, "attn", {{"o_proj", "self_attn.o_proj"}}, s.o_bias},
+      {Stage::GateUpProj, "mlp_norm", {{"gate_proj", "mlp.gate_proj"}, {"up_proj", "mlp.up_proj"}}, s.mlp_bias},
+      {Stage::DownProj, "act", {{"down_proj", "mlp.down_proj"}}, s.mlp_bias},
+  };
+  for (int64_t rows : {in.T, int64_t(1)})
+    for (const Proj& p : projs) {
+      std::vector<std::string> weights;
+      for (const auto& [role, t] : p.outs) weights.push_back(std::string(t) + ".weight");
+      // Other layers' matrices run on layer 0's activations: the kernel is what is checked.
+      for (const int64_t l : layers_per_format(*in.model, weights)) {
+        std::vector<LinearSpec> specs;
+        for (const auto& [role, t] : p.outs) {
+          const std::string w = layer_tensor(l, (std::string(t) + ".weight").c_str());
+          std::string r = role;
+          if (l > 0) r += fmt::format(" (layer {}: {})", l, dtype_name(in.model->get(w).info.dtype));
+          specs.push_back({r, w, p.bias ? layer_tensor(l, (std::string(t) + ".bias").c_str()) : std::string()});
+        }
+        OpCase c = linear_case(in, p.stage, p.x_probe, std::move(specs), rows);
+        c.layer = l;
+        out.push_back(std::move(c));
+      }
+    }
   // The LM head on the final norm of layer 0's last rows: at the decode shape (generation's
   // prefill needs only the last row too), and over several positions as a forward pass that
   // returns every position's logits (its default; a perplexity run) takes it: a GEMM.
@@ -544,7 +571,7 @@ std::vector<OpResult> run_op_table(StagedRunner& target, const OpInputs& in, con
     for (size_t ci = 0; ci < cases.size(); ++ci) {
       const OpCase& c = cases[ci];
       if (!opt.only_stages.empty() && !opt.only_stages.count(c.stage)) continue;
-      oracle::Numerics num = target.numerics(c.stage, c.tokens);
+      oracle::Numerics num = target.numerics(c.stage, c.tokens, c.layer);
       if (opt.numerics_variant) num = opt.numerics_variant(num);
       std::vector<GuardedBuffer> bufs;
       std::vector<float*> ptrs;
@@ -576,6 +603,7 @@ std::vector<OpResult> run_op_table(StagedRunner& target, const OpInputs& in, con
         r.op = row.op;
         r.stage = c.stage;
         r.tokens = c.tokens;
+        r.layer = c.layer;
         r.fused = fused;
         r.numerics = num.name;
         const std::vector<float> ref_cols = pick_columns(o, cols[i]);

@@ -58,6 +58,7 @@ struct OpCase {
   std::string kernel;  // kernel class: "gemm", "rmsnorm", "rope", "attention", ...
   Stage stage = Stage::Count;
   int64_t tokens = 0;  // tokens in the step: a target may run prefill and decode differently
+  int64_t layer = 0;   // whose weights (a linear's: a file may store layers in other formats)
   std::vector<OpOutput> outputs;
   // Runs the target's op, writing each output's buffer (rows x cols floats, guarded).
   std::function<void(StagedRunner&, const std::vector<float*>&)> run;
@@ -85,6 +86,7 @@ struct OpResult {
   std::string kernel, role, shape, op;
   Stage stage = Stage::Count;
   int64_t tokens = 0;
+  int64_t layer = 0;
   bool fused = false;     // run inside a fused kernel on this target (fuses_linears)
   std::string numerics;   // the declared numerics' name
   gates::TensorMetrics expected, measured;

@@ -333,7 +333,7 @@ void precision_variants(PhaseContext& ctx, StagedRunner& target, const Output& o
                                  {"softmax probabilities", &Numerics::softmax_probs},
                                  {"RoPE table", &Numerics::rope_table},    {"1/rms", &Numerics::norm_scale}};
   const double sep = gates::threshold("diagnose.separation_min");
-  const oracle::Numerics declared = target.numerics(o.r.stage, o.r.tokens);
+  const oracle::Numerics declared = target.numerics(o.r.stage, o.r.tokens, o.r.layer);
   for (const Field& f : fields)
     for (Precision p : {Precision::F32, Precision::BF16, Precision::F16}) {
       if (declared.*(f.field) == p) continue;

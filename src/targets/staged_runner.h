@@ -107,9 +107,10 @@ class StagedRunner : public ModelRunner {
   virtual void set_kernel_interceptor(std::shared_ptr<KernelInterceptor> interceptor) = 0;
 
   // Where this target rounds and which approximations it uses (oracle/numerics.h) for
-  // stage `s` in a step of T tokens (a plan may place a stage on another processor): the
+  // stage `s` of `layer` in a step of T tokens (a plan may place a stage on another
+  // processor; a file may store a stage's matrices in other formats in other layers): the
   // expected error of each of its kernels, and so phase 1's limits, follow from it.
-  virtual oracle::Numerics numerics(Stage s, int64_t T) const = 0;
+  virtual oracle::Numerics numerics(Stage s, int64_t T, int64_t layer = 0) const = 0;
   //   RoPE at positions [pos, pos + T) on q [T, Q] and k [T, KV] in place (Qwen3: q/k norm first)
   virtual void op_rope(int64_t layer, float* q, float* k, int64_t T, int64_t pos) = 0;
   //   k, v [T, KV] into the cache rows [rel, rel + T) of `layer`

@@ -168,7 +168,7 @@ std::string CpuRunner::description() const { return fmt::format("cpu ({}, {} thr
 
 std::string CpuRunner::isa() const { return cpu::isa(); }
 
-oracle::Numerics CpuRunner::numerics(Stage s, int64_t T) const {
+oracle::Numerics CpuRunner::numerics(Stage s, int64_t T, int64_t layer) const {
   oracle::Numerics n;
   n.name = "cpu";
   // matmul rounds the activations to bf16 once per call; the weights are bf16 (mapped or
@@ -176,23 +176,24 @@ oracle::Numerics CpuRunner::numerics(Stage s, int64_t T) const {
   n.weights = n.matmul_inputs = oracle::Precision::BF16;
   n.kv_cache = oracle::Precision::F16;
   // Quantized weights: the GEMV multiplies the blocks exactly by x quantized per 32-value
-  // block to two int8 terms (cpu/quant.h); T > 1 dequantizes them to bf16 (as above). The stage's layer-0 matrix
-  // stands for the stage (a file quantizes a stage's matrices alike, or all in block formats).
-  if (s == Stage::Embedding && stage_matrix_quantized(s)) n.weights = oracle::Precision::F32;  // rows dequantized
-  if (T == 1 && s != Stage::Embedding && stage_matrix_quantized(s)) {
+  // block to two int8 terms (cpu/quant.h); T > 1 dequantizes them to bf16 (as above). The
+  // stage's first matrix stands for the stage (q|k|v or gate|up of one layer are alike as
+  // the cpu reads them: in blocks, or bf16).
+  if (s == Stage::Embedding && stage_matrix_quantized(s, layer)) n.weights = oracle::Precision::F32;  // rows dequantized
+  if (T == 1 && s != Stage::Embedding && stage_matrix_quantized(s, layer)) {
     n.weights = oracle::Precision::F32;
     n.matmul_inputs = oracle::Precision::Q8x2_32;
   }
   return n;
 }
 
-bool CpuRunner::stage_matrix_quantized(Stage s) const {
+bool CpuRunner::stage_matrix_quantized(Stage s, int64_t l) const {
   std::string name;
   switch (s) {
-    case Stage::QkvProj: name = layer(0).q->name; break;
-    case Stage::OProj: name = layer(0).o->name; break;
-    case Stage::GateUpProj: name = layer(0).gate->name; break;
-    case Stage::DownProj: name = layer(0).down->name; break;
+    case Stage::QkvProj: name = layer(l).q->name; break;
+    case Stage::OProj: name = layer(l).o->name; break;
+    case Stage::GateUpProj: name = layer(l).gate->name; break;
+    case Stage::DownProj: name = layer(l).down->name; break;
     case Stage::LmHead: name = model_.lm_head().name; break;
     case Stage::Embedding: name = "model.embed_tokens.weight"; break;
     default: return false;

@@ -51,7 +51,7 @@ class CpuRunner final : public LayeredRunner {
   std::string description() const override;  // "cpu (avx512bf16, 2 threads)"
   std::string isa() const override;          // cpu::isa()
   // bf16 weights and GEMM operands, fp32 accumulation and activations, an fp16 KV cache.
-  oracle::Numerics numerics(Stage s, int64_t T) const override;
+  oracle::Numerics numerics(Stage s, int64_t T, int64_t layer = 0) const override;
   bool fuses_linears(Stage s, int64_t T) const override;
   void kv_read(int64_t layer, int64_t rel, int64_t T, float* k, float* v) override;
   // Every op on the cpu, one per dispatch, with the ISA, threads, the kernels' fusion per
@@ -84,7 +84,7 @@ class CpuRunner final : public LayeredRunner {
   void kernel_silu_mul(const float* gate, const float* up, int64_t T, float* out) override;
   void kernel_add(Stage which, float* acc, const float* x, int64_t T) override;
   int oracle_threads() const override { return threads(); }
-  bool stage_matrix_quantized(Stage s) const;
+  bool stage_matrix_quantized(Stage s, int64_t layer) const;  // the stage's first matrix in that layer
 
  private:
   CpuOptions options_;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 
@@ -36,7 +37,10 @@ const cpu::WeightMatrix& CpuWeightStore::load(const Weight& w) {
   const uint64_t row_bytes = dtype_bytes(t, cols);
   const int64_t groups = (rows + cpu::kTileRows - 1) / cpu::kTileRows, blocks = cols / dtype_block_values(t);
   const int64_t tile = cpu::x16_tile_bytes(t);
-  // Each group of 16 rows is independent: pack them in parallel.
+  // Each group of 16 rows is independent: pack them in parallel, a batch at a time, and give
+  // each batch's file pages back as soon as they are copied (read again only if another
+  // reader, the oracle, asks for them), so the file's copy and the tiles of one large matrix
+  // (a tied embedding) are not in memory together.
   auto pack = [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       const uint8_t* src[cpu::kTileRows];
@@ -47,10 +51,18 @@ const cpu::WeightMatrix& CpuWeightStore::load(const Weight& w) {
       for (int64_t b = 0; b < blocks; ++b) cpu::x16_pack_tile(t, src, b, out + (g * blocks + b) * tile);
     }
   };
-  if (parallel_for_) parallel_for_(groups, pack);
-  else pack(0, groups);
-  // The tiles replace the file's rows: give their pages back (read again only if another
-  // reader, the oracle, asks for them).
+  // About 1 MiB of tiles per batch; a permuted q/k matrix (rows read from anywhere in their
+  // head) gives its pages back at the end instead.
+  const int64_t batch = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(1, tile * blocks));
+  for (int64_t g0 = 0; g0 < groups; g0 += batch) {
+    const int64_t g1 = std::min(groups, g0 + batch);
+    if (parallel_for_) parallel_for_(g1 - g0, [&](int64_t a, int64_t b) { pack(g0 + a, g0 + b); });
+    else pack(g0, g1);
+    if (w.info.file && w.unpermute_head_dim == 0) {
+      const int64_t r0 = g0 * cpu::kTileRows, r1 = std::min(rows, g1 * cpu::kTileRows);
+      w.info.file->release(w.info.data + uint64_t(r0) * row_bytes, uint64_t(r1 - r0) * row_bytes);
+    }
+  }
   if (w.info.file) w.info.file->release(w.info.data, w.info.nbytes);
   tiled_bytes_ += bytes;
   format_[w.name] = fmt::format("{} x16 tiles", dtype_name(t));

@@ -128,7 +128,7 @@ std::string NpuSimRunner::description() const {
 
 std::string NpuSimRunner::isa() const { return "aie2p (modelled)"; }
 
-oracle::Numerics NpuSimRunner::numerics(Stage s, int64_t T) const {
+oracle::Numerics NpuSimRunner::numerics(Stage s, int64_t T, int64_t) const {
   using oracle::Precision;
   oracle::Numerics n;
   n.weights = n.matmul_inputs = Precision::BF16;  // the weight store is bf16 wherever it runs

@@ -49,7 +49,7 @@ class NpuSimRunner final : public LayeredRunner {
   std::string isa() const override;          // "aie2p (modelled)"
   // The array's numerics (npusim/numerics.h) where the plan places the stage on the NPU;
   // the host's fp32 where it places it on the host.
-  oracle::Numerics numerics(Stage s, int64_t T) const override;
+  oracle::Numerics numerics(Stage s, int64_t T, int64_t layer = 0) const override;
   void kv_read(int64_t layer, int64_t rel, int64_t T, float* k, float* v) override;
   // Stages the plan leaves on the host are counted as "host:<stage>" (never silently).
   std::map<std::string, int64_t> op_counters() const override;
