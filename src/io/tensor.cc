@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "io/ggml_blocks.h"
 #include "util/error.h"
 #include "util/half.h"
 
@@ -18,30 +19,9 @@ constexpr int64_t kSuper = 256;  // values per super block of the K-quants (ggml
 // IQ4_NL's and IQ4_XS's 16 levels (ggml's kvalues_iq4nl).
 constexpr int8_t kIq4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-// Q4_K's and Q5_K's eight 6-bit scales and mins, packed in 12 bytes: bytes 0-3 hold scales
-// 0-3 (low 6 bits) and the top bits of scales 4-7, bytes 4-7 the same for the mins, bytes
-// 8-11 the low 4 bits of scales 4-7 (low nibble) and mins 4-7 (high nibble).
-void k_scale_min(const uint8_t* q, int j, int& sc, int& m) {
-  if (j < 4) {
-    sc = q[j] & 0x3F;
-    m = q[j + 4] & 0x3F;
-  } else {
-    sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 2) & 0x30);
-    m = (q[j + 4] >> 4) | ((q[j] >> 2) & 0x30);
-  }
-}
-
-uint16_t load_u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
+using ggml::k_scale_min;
+using ggml::load_u16;
+using ggml::load_u32;
 
 }  // namespace
 

@@ -102,9 +102,10 @@ void check_quantized(const WeightMatrix& w) {
          dtype_block_values(w.dtype));
 }
 
-// The portable quantized matmul (no AVX-512): the same numerics as the AVX-512 path, plain
-// loops the compiler vectorizes for the baseline ISA. T == 1: x quantized per block, one
-// integer dot per block scaled by both scales; T > 1: rows dequantized to bf16, bf16 x.
+// The portable quantized matmul (no AVX-512): the same numerics as the AVX-512 path. T == 1:
+// x quantized per block, one integer dot per block scaled by both scales (plain loops the
+// compiler vectorizes for the baseline ISA); T > 1: a few hundred rows at a time dequantized
+// to bf16 and multiplied by Highway's bf16 GEMM, so the blocks are expanded once per call.
 void matmul_quantized_portable(const float* x, int64_t T, const WeightMatrix& w, const float* bias, float* y,
                                ThreadPool& pool) {
   const int64_t N = w.rows, K = w.cols, groups = (N + kTileRows - 1) / kTileRows;
@@ -119,23 +120,21 @@ void matmul_quantized_portable(const float* x, int64_t T, const WeightMatrix& w,
     });
     return;
   }
+  // x rounded to bf16 as the declared numerics say (Highway's GEMM itself reads fp32).
   std::vector<float> xr(x, x + T * K);
   for (float& v : xr) v = bf16_to_f32(f32_to_bf16(v));
-  pool.parallel_for(groups, [&](int64_t g0, int64_t g1) {
-    std::vector<uint16_t> wb(size_t(kTileRows * K));
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t r0 = g * kTileRows, r1 = std::min(N, r0 + kTileRows);
-      x16_rows_bf16(w.dtype, w.tiles(), K, r0, r1, 0, K, wb.data(), K);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t r = r0; r < r1; ++r) {
-          const uint16_t* wr = wb.data() + (r - r0) * K;
-          const float* xt = xr.data() + t * K;
-          float acc = 0;
-          for (int64_t k = 0; k < K; ++k) acc += xt[k] * bf16_to_f32(wr[k]);
-          y[t * N + r] = bias ? acc + bias[r] : acc;
-        }
-    }
-  });
+  const int64_t chunk = 16 * kTileRows;  // rows per step (bf16 copy of at most 256 x K)
+  std::vector<uint16_t> wb(size_t(chunk * K));
+  std::vector<float> part(size_t(T * chunk));
+  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+    const int64_t rows = std::min(chunk, N - n0);
+    pool.parallel_for((rows + kTileRows - 1) / kTileRows, [&](int64_t g0, int64_t g1) {
+      const int64_t r0 = n0 + g0 * kTileRows, r1 = std::min(n0 + rows, n0 + g1 * kTileRows);
+      x16_rows_bf16(w.dtype, w.tiles(), K, r0, r1, 0, K, wb.data() + (r0 - n0) * K, K);
+    });
+    matmul_hwy(xr.data(), T, Bf16Matrix{wb.data(), rows, K}, bias ? bias + n0 : nullptr, part.data(), pool);
+    for (int64_t t = 0; t < T; ++t) std::copy_n(part.data() + t * rows, rows, y + t * N + n0);
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "io/ggml_blocks.h"
 #include "util/error.h"
 #include "util/half.h"
 
@@ -13,27 +14,9 @@ namespace tessera::cpu {
 
 namespace {
 
-uint16_t load_u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-// Q4_K's eight 6-bit scales and mins (the 12-byte packing io/tensor.cc reads).
-void k_scale_min(const uint8_t* q, int j, int& sc, int& m) {
-  if (j < 4) {
-    sc = q[j] & 0x3F;
-    m = q[j + 4] & 0x3F;
-  } else {
-    sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 2) & 0x30);
-    m = (q[j + 4] >> 4) | ((q[j] >> 2) & 0x30);
-  }
-}
+using ggml::k_scale_min;
+using ggml::load_u16;
+using ggml::load_u32;
 
 // Where a tile's parts start (quant.h's table).
 struct TileLayout {
