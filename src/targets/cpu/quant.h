@@ -34,7 +34,7 @@
 namespace tessera::cpu {
 
 inline constexpr int64_t kTileRows = 16;
-inline constexpr int64_t kQBlock = 32;  // values per block of every x16 type
+inline constexpr int64_t kQBlock = 32;  // values per activation block (Q8Row) and per chunk of a tile
 
 // Whether the cpu kernels read `t` re-laid as x16 tiles (the others are converted to bf16).
 bool x16_supported(DType t);
@@ -49,8 +49,8 @@ int64_t x16_bytes(DType t, int64_t rows, int64_t cols);
 // row: zeros). Tile (g, b) of a matrix lies at (g * blocks per row + b) * x16_tile_bytes(t).
 void x16_pack_tile(DType t, const uint8_t* const rows[kTileRows], int64_t block, uint8_t* tile);
 
-// Exact values of rows [r0, r1) x columns [k0, k1) as fp32, row
-// stride ld: the same products the oracle's dequantization computes (io/tensor.cc).
+// Exact values of rows [r0, r1) x columns [k0, k1) as fp32, row stride ld: the same
+// products the oracle's dequantization computes (io/tensor.cc).
 void x16_rows_f32(DType t, const uint8_t* tiles, int64_t cols, int64_t r0, int64_t r1, int64_t k0, int64_t k1,
                   float* out, int64_t ld);
 // The same rounded to bf16 (nearest even).

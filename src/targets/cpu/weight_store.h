@@ -1,8 +1,8 @@
 // The cpu target's weights: what each matrix is as the kernels read it, loaded once.
 //  - BF16 in Hugging Face row order: the file's pages, mapped (no copy);
 //  - Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K: re-laid as x16 tiles (cpu/quant.h), the same
-//    bytes per block (Q4_K: 2.8% more), and the file's pages released once copied, so memory stays
-//    the file's size;
+//    bytes per block (Q4_K: 2.8% more), and the file's pages released once copied, so
+//    memory stays about the file's size;
 //  - anything else (F32, F16, the other block formats, or permuted on disk): converted to
 //    bf16 once (Bf16WeightStore).
 #pragma once
@@ -35,10 +35,13 @@ class CpuWeightStore {
   Bf16WeightStore bf16_;
   std::map<std::string, cpu::WeightMatrix> matrices_;
   std::map<std::string, std::string> format_;  // by name
+  uint8_t* allocate(int64_t bytes);  // 64-byte aligned, in the current arena
   struct Free {
     void operator()(uint8_t* p) const;
   };
-  std::vector<std::unique_ptr<uint8_t, Free>> tiles_;
+  std::vector<std::unique_ptr<uint8_t, Free>> arenas_;
+  uint8_t* arena_next_ = nullptr;
+  size_t arena_left_ = 0;
   int64_t tiled_bytes_ = 0;
 };
 
