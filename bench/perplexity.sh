@@ -82,11 +82,7 @@ fi
 
 # llama.cpp's AMX kernels (used for Q4_0/Q4_1/Q8_0 weights when the CPU has AMX) crash or
 # give wrong results in this llama.cpp (ggml-org/llama.cpp#20824, #16315): on such a CPU
-# llama-perplexity runs with --no-repack, which keeps those weights off the AMX buffers.
-if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
-  say "this CPU has AMX: llama-perplexity gets --no-repack (llama.cpp's AMX Q4_x kernels crash here)"
-  LLAMA_ARGS=(--no-repack "${LLAMA_ARGS[@]}")
-fi
+# bench/llama_cpp_build.sh builds llama.cpp without AMX, so no flag is needed here.
 
 # --f32-peer: the same weights dequantized to F32 by llama-quantize (cached by path and mtime).
 F32_MODEL=""
