@@ -176,9 +176,9 @@ oracle::Numerics CpuRunner::numerics(Stage s, int64_t T, int64_t layer) const {
   n.weights = n.matmul_inputs = oracle::Precision::BF16;
   n.kv_cache = oracle::Precision::F16;
   // Quantized weights: the GEMV multiplies the blocks exactly by x quantized per 32-value
-  // block to two int8 terms (cpu/quant.h); T > 1 dequantizes them to bf16 (as above). The
-  // stage's first matrix stands for the stage (q|k|v or gate|up of one layer are alike as
-  // the cpu reads them: in blocks, or bf16).
+  // block to two int8 terms (cpu/quant.h); T > 1 dequantizes them to bf16 (as above). A
+  // stage whose matrices mix tiles and bf16 (a file storing q and v differently) declares
+  // bf16, the larger of the two errors, for all of them.
   if (s == Stage::Embedding && stage_matrix_quantized(s, layer)) n.weights = oracle::Precision::F32;  // rows dequantized
   if (T == 1 && s != Stage::Embedding && stage_matrix_quantized(s, layer)) {
     n.weights = oracle::Precision::F32;
@@ -188,17 +188,19 @@ oracle::Numerics CpuRunner::numerics(Stage s, int64_t T, int64_t layer) const {
 }
 
 bool CpuRunner::stage_matrix_quantized(Stage s, int64_t l) const {
-  std::string name;
+  std::vector<const Weight*> ws;
   switch (s) {
-    case Stage::QkvProj: name = layer(l).q->name; break;
-    case Stage::OProj: name = layer(l).o->name; break;
-    case Stage::GateUpProj: name = layer(l).gate->name; break;
-    case Stage::DownProj: name = layer(l).down->name; break;
-    case Stage::LmHead: name = model_.lm_head().name; break;
-    case Stage::Embedding: name = "model.embed_tokens.weight"; break;
+    case Stage::QkvProj: ws = {layer(l).q, layer(l).k, layer(l).v}; break;
+    case Stage::OProj: ws = {layer(l).o}; break;
+    case Stage::GateUpProj: ws = {layer(l).gate, layer(l).up}; break;
+    case Stage::DownProj: ws = {layer(l).down}; break;
+    case Stage::LmHead: ws = {&model_.lm_head()}; break;
+    case Stage::Embedding: ws = {&model_.get("model.embed_tokens.weight")}; break;
     default: return false;
   }
-  return matrix(name).quantized();
+  for (const Weight* w : ws)
+    if (!matrix(w->name).quantized()) return false;
+  return true;
 }
 
 bool CpuRunner::fuses_linears(Stage s, int64_t T) const {

@@ -84,7 +84,7 @@ class CpuRunner final : public LayeredRunner {
   void kernel_silu_mul(const float* gate, const float* up, int64_t T, float* out) override;
   void kernel_add(Stage which, float* acc, const float* x, int64_t T) override;
   int oracle_threads() const override { return threads(); }
-  bool stage_matrix_quantized(Stage s, int64_t layer) const;  // the stage's first matrix in that layer
+  bool stage_matrix_quantized(Stage s, int64_t layer) const;  // every matrix of the stage in that layer
 
  private:
   CpuOptions options_;
