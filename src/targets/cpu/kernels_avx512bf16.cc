@@ -405,22 +405,6 @@ void gemm_packed_range(const uint16_t* xb, int64_t xs, int64_t T, const Bf16Matr
 // for Q5_0's and Q6_K's high bits), 16 dot products (x's two terms), the scales (6-10);
 // measured, the GEMV stays bound by the memory, not by them.
 
-// The x16 layouts' offsets (quant.h's table), as constants for the kernels.
-struct X16Layout {
-  int64_t values, qs, qh, sc, m, bytes;
-};
-constexpr X16Layout x16_layout(DType t) {
-  switch (t) {
-    case DType::Q8_0: return {32, 32, 0, 0, 0, 544};
-    case DType::Q4_0: return {32, 32, 0, 0, 0, 288};
-    case DType::Q4_1: return {32, 64, 0, 0, 32, 320};
-    case DType::Q5_0: return {32, 32, 288, 0, 0, 352};
-    case DType::Q4_K: return {256, 320, 0, 64, 192, 2368};
-    case DType::Q6_K: return {256, 288, 2336, 32, 0, 3360};
-    default: return {0, 0, 0, 0, 0, 0};
-  }
-}
-
 // Moves bits [from, from + width) of every byte to bits [4, 4 + width) (width 1 or 2), the
 // rest cleared. 16-bit shifts of at most 4 never carry a bit across a byte here.
 TS_BF16_INLINE __m512i high_bits(__m512i h, int from, int width) {
@@ -472,8 +456,7 @@ TS_BF16 void gemv_x16(const Q8Row& x, const uint8_t* tiles, int64_t N, int64_t K
   constexpr X16Layout L = x16_layout(kType);
   static_assert(L.bytes > 0);
   constexpr int kChunks = int(L.values / 32);
-  constexpr int32_t kOffset = kType == DType::Q8_0 ? 128 : kType == DType::Q4_0 ? 8
-                              : kType == DType::Q5_0 ? 16 : kType == DType::Q6_K ? 32 : 0;
+  constexpr int32_t kOffset = L.offset;
   constexpr bool kHalves = kType == DType::Q6_K;  // a scale per 16 values
   const int64_t blocks = K / L.values;
   const __m512 lo_scale = _mm512_set1_ps(1.0f / Q8Row::kLoScale);
@@ -562,8 +545,7 @@ __attribute__((optimize("fp-contract=off"))) TS_BF16 void dequant_group_bf16(con
                                                                              int64_t g, uint16_t* out, int64_t ld) {
   constexpr X16Layout L = x16_layout(kType);
   constexpr int kChunks = int(L.values / 32);
-  constexpr int kOffset = kType == DType::Q8_0 ? 128 : kType == DType::Q4_0 ? 8
-                          : kType == DType::Q5_0 ? 16 : kType == DType::Q6_K ? 32 : 0;
+  constexpr int kOffset = L.offset;
   const int64_t blocks = K / L.values;
   const __m512 off = _mm512_set1_ps(float(kOffset));
   // Lane l of quarter q belongs to row 4q + l / 4.

@@ -18,25 +18,16 @@ using ggml::k_scale_min;
 using ggml::load_u16;
 using ggml::load_u32;
 
-// Where a tile's parts start (quant.h's table).
-struct TileLayout {
-  int64_t qs = 32, qh = 0, sc = 0, m = 0, bytes = 0;
-};
-TileLayout layout(DType t) {
-  switch (t) {
-    case DType::Q8_0: return {32, 0, 0, 0, 544};
-    case DType::Q4_0: return {32, 0, 0, 0, 288};
-    case DType::Q4_1: return {64, 0, 0, 32, 320};
-    case DType::Q5_0: return {32, 288, 0, 0, 352};
-    case DType::Q4_K: return {320, 0, 64, 192, 2368};
-    case DType::Q6_K: return {288, 2336, 32, 0, 3360};
-    default: fail("cpu kernels: no x16 tile layout for {}", dtype_name(t));
-  }
+// The tile layout of t; throws for a type with none.
+X16Layout layout(DType t) {
+  const X16Layout L = x16_layout(t);
+  if (L.bytes == 0) fail("cpu kernels: no x16 tile layout for {}", dtype_name(t));
+  return L;
 }
 
 // The stored byte of value k (within the tile's block) of row i, as the VNNI kernel
 // multiplies it: the quantized value plus the type's offset (value_offset), 0..255.
-int stored_value(DType t, const uint8_t* tile, const TileLayout& L, int64_t i, int k) {
+int stored_value(DType t, const uint8_t* tile, const X16Layout& L, int64_t i, int k) {
   const int j = k / 32, kk = k % 32, v = kk / 4;  // chunk of 32, value-vector of four
   if (t == DType::Q8_0) return tile[L.qs + v * 64 + 4 * i + kk % 4];
   const uint8_t byte = tile[L.qs + j * 256 + (kk / 8) * 64 + 4 * i + kk % 4];
@@ -48,27 +39,9 @@ int stored_value(DType t, const uint8_t* tile, const TileLayout& L, int64_t i, i
 
 }  // namespace
 
-bool x16_supported(DType t) {
-  switch (t) {
-    case DType::Q8_0:
-    case DType::Q4_0:
-    case DType::Q4_1:
-    case DType::Q5_0:
-    case DType::Q4_K:
-    case DType::Q6_K: return true;
-    default: return false;
-  }
-}
+bool x16_supported(DType t) { return x16_layout(t).bytes > 0; }
 
-int x16_value_offset(DType t) {
-  switch (t) {
-    case DType::Q8_0: return 128;
-    case DType::Q4_0: return 8;
-    case DType::Q5_0: return 16;
-    case DType::Q6_K: return 32;
-    default: return 0;
-  }
-}
+int x16_value_offset(DType t) { return x16_layout(t).offset; }
 
 int64_t x16_tile_bytes(DType t) { return layout(t).bytes; }
 
@@ -77,7 +50,7 @@ int64_t x16_bytes(DType t, int64_t rows, int64_t cols) {
 }
 
 void x16_pack_tile(DType t, const uint8_t* const rows[kTileRows], int64_t block, uint8_t* tile) {
-  const TileLayout L = layout(t);
+  const X16Layout L = layout(t);
   const int64_t bb = dtype_block_bytes(t), n = dtype_block_values(t);
   std::memset(tile, 0, size_t(L.bytes));
   int q[256];  // the block's quantized values of one row, offset included (0..255)
@@ -143,7 +116,7 @@ void x16_pack_tile(DType t, const uint8_t* const rows[kTileRows], int64_t block,
 
 void x16_rows_f32(DType t, const uint8_t* tiles, int64_t cols, int64_t r0, int64_t r1, int64_t k0, int64_t k1,
                   float* out, int64_t ld) {
-  const TileLayout L = layout(t);
+  const X16Layout L = layout(t);
   const int64_t n = dtype_block_values(t), blocks = cols / n, off = x16_value_offset(t);
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t g = r / kTileRows, i = r % kTileRows;
@@ -221,7 +194,7 @@ void Q8Row::quantize(const float* x, int64_t cols) {
 }
 
 void x16_gemv_rows(const Q8Row& x, DType t, const uint8_t* tiles, int64_t cols, int64_t r0, int64_t r1, float* y) {
-  const TileLayout L = layout(t);
+  const X16Layout L = layout(t);
   const int64_t n = dtype_block_values(t), blocks = cols / n;
   const int off = x16_value_offset(t);
   const int group = t == DType::Q6_K ? 16 : 32;  // values sharing one scale

@@ -36,6 +36,24 @@ namespace tessera::cpu {
 inline constexpr int64_t kTileRows = 16;
 inline constexpr int64_t kQBlock = 32;  // values per activation block (Q8Row) and per chunk of a tile
 
+// Where a tile's parts start (the table above), the values per tile and the offset a stored
+// byte adds to the quantized value; bytes == 0 for a type with no tile layout.
+struct X16Layout {
+  int64_t values, qs, qh, sc, m, bytes;
+  int offset;
+};
+constexpr X16Layout x16_layout(DType t) {
+  switch (t) {
+    case DType::Q8_0: return {32, 32, 0, 0, 0, 544, 128};
+    case DType::Q4_0: return {32, 32, 0, 0, 0, 288, 8};
+    case DType::Q4_1: return {32, 64, 0, 0, 32, 320, 0};
+    case DType::Q5_0: return {32, 32, 288, 0, 0, 352, 16};
+    case DType::Q4_K: return {256, 320, 0, 64, 192, 2368, 0};
+    case DType::Q6_K: return {256, 288, 2336, 32, 0, 3360, 32};
+    default: return {0, 0, 0, 0, 0, 0, 0};
+  }
+}
+
 // Whether the cpu kernels read `t` re-laid as x16 tiles (the others are converted to bf16).
 bool x16_supported(DType t);
 // What a stored byte adds to the quantized value (Q4_0 8, Q5_0 16, Q6_K 32, Q8_0 128).
