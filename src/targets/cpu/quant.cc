@@ -174,7 +174,8 @@ void Q8Row::quantize(const float* x, int64_t cols) {
     }
     const float id = amax > 0 && finite ? 127.0f / amax : 0.0f;
     int32_t sh[2] = {0, 0}, sl[2] = {0, 0};
-    for (int64_t k = 0; k < kQBlock; ++k) {
+    for (int64_t k = 0; k < kQBlock && !finite; ++k) hi[size_t(b * kQBlock + k)] = lo[size_t(b * kQBlock + k)] = 0;
+    for (int64_t k = 0; k < kQBlock && finite; ++k) {
       const float v = xb[k] * id;
       const float h = std::nearbyint(v);
       const int l = int(std::nearbyint((v - h) * kLoScale));
@@ -184,7 +185,7 @@ void Q8Row::quantize(const float* x, int64_t cols) {
       sl[k / 16] += l;
     }
     // A non-finite value makes the scale NaN, so every product with the block is NaN (never
-    // hidden as a zero).
+    // hidden as a zero); its terms stay 0 (a NaN has no integer value to convert to).
     d[size_t(b)] = finite ? amax / 127.0f : NAN;
     for (int h = 0; h < 2; ++h) {
       sum_hi[size_t(2 * b + h)] = sh[h];
