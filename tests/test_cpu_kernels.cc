@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -104,6 +105,7 @@ TEST(CpuKernels, IsaSelection) {
   EXPECT_EQ(cpu::isa(), isas.back());
   cpu::set_isa("hwy");
   EXPECT_NE(cpu::isa(), "avx512bf16");
+  EXPECT_NE(cpu::isa(), "amx");
   EXPECT_THROW(cpu::set_isa("quantum"), std::exception);
   cpu::set_isa("auto");
   EXPECT_EQ(cpu::isa(), isas.front());
@@ -131,7 +133,7 @@ TEST(CpuKernels, MatmulMatchesOracle) {
         cpu::matmul(x.data(), s.T, Bf16Matrix{wdata.data(), s.N, s.K}, with_bias ? bias.data() : nullptr, got.data(),
                     pool);
         const Stats st = compare(got.data(), ref.data(), got.size());
-        EXPECT_LE(st.nmse, isa == "avx512bf16" ? 2e-5 : 1e-10);
+        EXPECT_LE(st.nmse, (isa == "avx512bf16" || isa == "amx") ? 2e-5 : 1e-10);
         EXPECT_GE(st.pearson, 0.9999);
       }
     }
@@ -156,12 +158,43 @@ TEST(CpuKernels, MatmulAnyCacheBlockingMatchesOracle) {
       std::vector<float> got(size_t(T * N), -1.0f);
       cpu::matmul(x.data(), T, Bf16Matrix{wdata.data(), N, K}, nullptr, got.data(), pool, b);
       const Stats st = compare(got.data(), ref.data(), got.size());
-      EXPECT_LE(st.nmse, isa == "avx512bf16" ? 2e-5 : 1e-10);
+      EXPECT_LE(st.nmse, (isa == "avx512bf16" || isa == "amx") ? 2e-5 : 1e-10);
     }
   });
   std::vector<float> y(size_t(T * N));
   EXPECT_THROW(cpu::matmul(x.data(), T, Bf16Matrix{wdata.data(), N, K}, nullptr, y.data(), pool, {100, 512}), tessera::Error);
   EXPECT_THROW(cpu::matmul(x.data(), T, Bf16Matrix{wdata.data(), N, K}, nullptr, y.data(), pool, {128, 0}), tessera::Error);
+}
+
+// The AMX path multiplies the same bf16 activations and weights as the AVX-512 BF16 path, only
+// in another order of fp32 sums: the two agree far inside the bf16 rounding both share, on
+// token counts and row counts that leave partial tiles (T or N not a multiple of 16 or 32) and
+// K tails (quantized weights reach the same GEMM: CpuQuant.* run it on every ISA).
+TEST(CpuKernels, AmxAgreesWithAvx512Bf16) {
+  const auto isas = cpu::available_isas();
+  if (std::find(isas.begin(), isas.end(), "amx") == isas.end()) GTEST_SKIP() << "no AMX on this CPU";
+  ThreadPool pool(2);
+  struct Shape {
+    int64_t T, N, K;
+  };
+  for (const Shape s : {Shape{16, 16, 32}, Shape{17, 50, 129}, Shape{33, 70, 576}, Shape{64, 96, 576},
+                        Shape{100, 130, 1100}, Shape{600, 40, 300}}) {
+    SCOPED_TRACE("T=" + std::to_string(s.T) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K));
+    const auto wdata = randn_bf16(size_t(s.N * s.K), uint32_t(s.N + s.K), 0.05f);
+    const auto x = randn(size_t(s.T * s.K), uint32_t(s.T));
+    const auto bias = randn(size_t(s.N), 3, 0.5f);
+    std::vector<float> amx(size_t(s.T * s.N), -1.0f), bf16(size_t(s.T * s.N), -2.0f);
+    cpu::set_isa("amx");
+    cpu::matmul(x.data(), s.T, Bf16Matrix{wdata.data(), s.N, s.K}, bias.data(), amx.data(), pool);
+    cpu::set_isa("avx512bf16");
+    cpu::matmul(x.data(), s.T, Bf16Matrix{wdata.data(), s.N, s.K}, bias.data(), bf16.data(), pool);
+    cpu::set_isa("auto");
+    const Stats st = compare(amx.data(), bf16.data(), amx.size());
+    EXPECT_LE(st.nmse, 1e-11);
+    double worst = 0;
+    for (size_t i = 0; i < amx.size(); ++i) worst = std::max(worst, double(std::fabs(amx[i] - bf16[i])));
+    EXPECT_LE(worst, 1e-4);
+  }
 }
 
 TEST(CpuKernels, MatmulSingleThreadAndManyThreadsAgree) {

@@ -3,9 +3,11 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "cli/commands.h"
+#include "targets/cpu/kernels.h"
 #include "util/error.h"
 
 int main(int argc, char** argv) {
@@ -32,6 +34,8 @@ int main(int argc, char** argv) {
   tessera::cli::add_kernels_command(app);
   tessera::cli::add_perplexity_command(app);
   try {
+    // The cpu kernels' instruction set, for comparisons (amx, avx512bf16, AVX2, scalar, ...).
+    if (const char* isa = std::getenv("TESSERA_ISA"); isa && *isa) tessera::cpu::set_isa(isa);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

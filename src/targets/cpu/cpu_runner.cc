@@ -71,8 +71,8 @@ std::vector<PlanRewrite> propose_tile_tune(const nlohmann::json& plan, Pass pass
     why_not = "decode runs GEMVs, one weight row at a time: no cache blocking to search";
     return {};
   }
-  if (cpu::isa() != "avx512bf16") {
-    why_not = fmt::format("the {} GEMM has no cache blocking to tune (the AVX-512 BF16 path has)", cpu::isa());
+  if (cpu::isa() != "avx512bf16" && cpu::isa() != "amx") {
+    why_not = fmt::format("the {} GEMM has no cache blocking to tune (the AVX-512 BF16 and AMX paths have)", cpu::isa());
     return {};
   }
   CpuOptions o;

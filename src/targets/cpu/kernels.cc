@@ -20,13 +20,17 @@ namespace tessera::cpu {
 
 namespace detail {
 namespace {
-enum class Mode { Auto, Bf16, Hwy };
+enum class Mode { Auto, Amx, Bf16, Hwy };
 std::atomic<Mode> g_mode{Mode::Auto};
 }  // namespace
 
 bool use_avx512bf16() {
   const Mode m = g_mode.load(std::memory_order_relaxed);
-  return m == Mode::Bf16 || (m == Mode::Auto && cpu_has_avx512bf16());
+  return m == Mode::Amx || m == Mode::Bf16 || (m == Mode::Auto && cpu_has_avx512bf16());
+}
+bool use_amx() {
+  const Mode m = g_mode.load(std::memory_order_relaxed);
+  return m == Mode::Amx || (m == Mode::Auto && cpu_has_amx());
 }
 }  // namespace detail
 
@@ -45,12 +49,14 @@ std::vector<int64_t> hwy_targets_best_first() {
 }  // namespace
 
 std::string isa() {
+  if (use_amx()) return "amx";
   if (use_avx512bf16()) return "avx512bf16";
   return hwy_target_name(hwy_current_target());
 }
 
 std::vector<std::string> available_isas() {
   std::vector<std::string> out;
+  if (cpu_has_amx()) out.push_back("amx");
   if (cpu_has_avx512bf16()) out.push_back("avx512bf16");
   for (int64_t t : hwy_targets_best_first()) out.push_back(hwy_target_name(t));
   return out;
@@ -61,6 +67,10 @@ void set_isa(const std::string& name) {
   if (name == "auto") {
     hwy_restrict_targets(0);
     g_mode = Mode::Auto;
+  } else if (name == "amx") {
+    if (!cpu_has_amx()) fail("ISA amx is not supported by this CPU (or the kernel refused its tile state)");
+    hwy_restrict_targets(0);
+    g_mode = Mode::Amx;
   } else if (name == "avx512bf16") {
     if (!cpu_has_avx512bf16()) fail("ISA avx512bf16 is not supported by this CPU");
     hwy_restrict_targets(0);

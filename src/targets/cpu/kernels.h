@@ -15,16 +15,17 @@
 
 namespace tessera::cpu {
 
-// The instruction set the kernels dispatch to on this machine, e.g. "avx512bf16",
-// "AVX3", "AVX2", "SCALAR" (Highway's target names for the non-bf16 paths).
+// The instruction set the kernels dispatch to on this machine, e.g. "amx" (the AVX-512 BF16
+// path with AMX tiles for T >= 16), "avx512bf16", "AVX3", "AVX2", "SCALAR" (Highway's target
+// names for the non-bf16 paths).
 std::string isa();
-// Restricts dispatch for tests and comparisons: "auto" (default), "avx512bf16", "hwy"
+// Restricts dispatch for tests and comparisons: "auto" (default), "amx", "avx512bf16", "hwy"
 // (Highway's best target, no hand-written bf16 path), "scalar". Throws on an unknown name
 // or on an ISA this CPU lacks.
 void set_isa(const std::string& name);
-// Every name set_isa accepts on this CPU besides "auto": "avx512bf16" where the CPU has it,
-// then Highway's targets compiled in and supported, best first ("AVX3", "AVX2", "SSE4",
-// "EMU128"); "hwy" and "scalar" are aliases for the first and last Highway target.
+// Every name set_isa accepts on this CPU besides "auto": "amx" and "avx512bf16" where the CPU
+// has them, then Highway's targets compiled in and supported, best first ("AVX3", "AVX2",
+// "SSE4", "EMU128"); "hwy" and "scalar" are aliases for the first and last Highway target.
 std::vector<std::string> available_isas();
 
 // A persistent pool: workers spin briefly then sleep, so a decode step's hundreds of small

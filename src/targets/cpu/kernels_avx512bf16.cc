@@ -12,7 +12,10 @@
 //  - T >= 16 (prefill GEMM): 64-row x 256-k panels transposed into an L1 scratch tile of
 //    bf16 pairs; a 6-token x 64-row micro-kernel broadcasts activation pairs and accumulates
 //    straight into output lanes (no horizontal reductions), with the next panel prefetched.
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 // GCC 12's avx512fintrin.h shuffles use an intentionally undefined pass-through operand,
 // which -Wuninitialized reports once inlined here.
@@ -33,6 +36,8 @@
 
 #define TS_BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vnni,fma")))
 #define TS_BF16_INLINE TS_BF16 inline __attribute__((always_inline))
+#define TS_AMX                                                                                             \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vnni,fma,amx-tile,amx-bf16")))
 
 namespace tessera::cpu::detail {
 
@@ -43,6 +48,21 @@ bool cpu_has_avx512bf16() {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
            __builtin_cpu_supports("avx512vnni");
+  }();
+  return has;
+}
+
+bool cpu_has_amx() {
+  static const bool has = [] {
+    if (!cpu_has_avx512bf16()) return false;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool tile = (d >> 24) & 1, bf16 = (d >> 22) & 1;
+    if (!tile || !bf16) return false;
+    // Linux hands out the 8 KiB of tile state only on request (once per process, for every
+    // thread); a kernel that refuses it (or predates 5.16) leaves AMX off.
+    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
   }();
   return has;
 }
@@ -339,6 +359,70 @@ constexpr std::array<PackedFn, 4> packed_row() {
 const std::array<PackedFn, 4> kPacked[kPMR] = {packed_row<1>(), packed_row<2>(), packed_row<3>(),
                                                packed_row<4>(), packed_row<5>(), packed_row<6>()};
 
+// ---- AMX. The packed panel P is already in the layout of an AMX B tile: 16 consecutive k
+// pairs of one group of 16 rows are 16 tile rows of 64 bytes (row stride 256). An A tile is 16
+// tokens x 32 bf16 of the activations as they are, a C tile 16 tokens x 16 rows in fp32.
+// One block: 32 tokens x 32 rows (C tiles 0-3, A tiles 4-5, B tiles 6-7), each k step four
+// tile products of 16 x 16 x 32. Tokens past T and groups past the panel's rows compute
+// garbage lanes that are never stored (activations are allocated in whole blocks of 32 rows).
+constexpr int kAmxTokens = 32;
+struct alignas(64) AmxConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+TS_AMX void amx_begin() {
+  AmxConfig cfg;
+  for (int i = 0; i < 8; ++i) {
+    cfg.colsb[i] = 64;
+    cfg.rows[i] = 16;
+  }
+  // GCC 12 does not see ldtilecfg read the rows and widths and drops their stores: say so.
+  asm volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+TS_AMX void amx_end() { _tile_release(); }
+
+// C[t][16 g + i] (+)= over kp < kc2 (a multiple of 16) for 32 tokens and groups g0, g0 + 1;
+// C: the scratch tile (row stride kPackRows floats).
+TS_AMX void amx_block(const uint16_t* xb, int64_t xs, const uint32_t* P, int g0, int64_t kc2, float* C,
+                      bool first) {
+  constexpr int64_t cs = kPackRows * sizeof(float);
+  float* c0 = C + g0 * 16;
+  float* c2 = c0 + 16 * kPackRows;
+  if (first) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else {
+    _tile_loadd(0, c0, cs);
+    _tile_loadd(1, c0 + 16, cs);
+    _tile_loadd(2, c2, cs);
+    _tile_loadd(3, c2 + 16, cs);
+  }
+  const int64_t xstride = xs * 2;
+  const uint16_t* x0 = xb;
+  const uint16_t* x1 = xb + 16 * xs;
+  for (int64_t kp = 0; kp < kc2; kp += 16) {
+    _tile_loadd(4, x0 + 2 * kp, xstride);
+    _tile_loadd(5, x1 + 2 * kp, xstride);
+    _tile_loadd(6, P + kp * kPackRows + g0 * 16, kPackRows * 4);
+    _tile_loadd(7, P + kp * kPackRows + g0 * 16 + 16, kPackRows * 4);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c0, cs);
+  _tile_stored(1, c0 + 16, cs);
+  _tile_stored(2, c2, cs);
+  _tile_stored(3, c2 + 16, cs);
+}
+
 // Copies rows of the scratch tile c [rows, 64] into y[., n..n + cols] adding the bias.
 TS_BF16 void store_scratch(const float* c, int64_t rows, int cols, float* y, int64_t N, const float* bias) {
   for (int64_t t = 0; t < rows; ++t)
@@ -357,12 +441,15 @@ void gemm_packed_range(const uint16_t* xb, int64_t xs, int64_t T, const Bf16Matr
   const int64_t K = w.cols;
   const int64_t Kc = blk.kc;  // K per packed panel (a multiple of 32): the panel stays in L1
   const int64_t Tc = blk.tc;       // activations [Tc, Kc] and the scratch tile [Tc, 64] stay in L2
+  const bool amx = use_amx();
   thread_local std::vector<uint32_t, AlignedAlloc<uint32_t>> pbuf;
   thread_local std::vector<float, AlignedAlloc<float>> cbuf;
+  const int64_t c_rows = (Tc + kAmxTokens - 1) / kAmxTokens * kAmxTokens;
   if (pbuf.size() < size_t(kPackRows * Kc / 2)) pbuf.resize(size_t(kPackRows * Kc / 2));
-  if (cbuf.size() < size_t(Tc * kPackRows)) cbuf.resize(size_t(Tc * kPackRows));
+  if (cbuf.size() < size_t(c_rows * kPackRows)) cbuf.resize(size_t(c_rows * kPackRows));
   uint32_t* P = pbuf.data();
   float* C = cbuf.data();
+  if (amx) amx_begin();
   for (int64_t t0 = 0; t0 < T; t0 += Tc) {
     const int64_t t1 = std::min(T, t0 + Tc);
     for (int64_t nb = n0; nb < n1; nb += kPackRows) {
@@ -383,8 +470,19 @@ void gemm_packed_range(const uint16_t* xb, int64_t xs, int64_t T, const Bf16Matr
         const int prow = pn < n1 ? int(std::min<int64_t>(kPackRows, n1 - pn)) : 0;
         const int64_t lpr = (std::min(Kc, K - pk) * 2 + 63) / 64;  // lines per row
         const int64_t plines = prow * lpr;
-        const int64_t tiles = (t1 - t0 + kPMR - 1) / kPMR;
         const char* pbase = reinterpret_cast<const char*>(w.data + pn * K + pk);
+        if (amx) {
+          const int64_t blocks = (t1 - t0 + kAmxTokens - 1) / kAmxTokens;
+          int64_t i = 0;
+          for (int64_t t = t0; t < t1; t += kAmxTokens, ++i) {
+            for (int64_t l = plines * i / blocks; l < plines * (i + 1) / blocks; ++l)
+              _mm_prefetch(pbase + (l / lpr) * K * 2 + (l % lpr) * 64, _MM_HINT_T1);
+            for (int g = 0; g < groups; g += 2)
+              amx_block(xb + t * xs + k0, xs, P, g, kc2, C + (t - t0) * kPackRows, first);
+          }
+          continue;
+        }
+        const int64_t tiles = (t1 - t0 + kPMR - 1) / kPMR;
         int64_t i = 0;
         for (int64_t t = t0; t < t1; t += kPMR, ++i) {
           const int mr = int(std::min<int64_t>(kPMR, t1 - t));
@@ -396,6 +494,7 @@ void gemm_packed_range(const uint16_t* xb, int64_t xs, int64_t T, const Bf16Matr
       store_scratch(C, t1 - t0, rows, y + t0 * N + nb, N, bias ? bias + nb : nullptr);
     }
   }
+  if (amx) amx_end();
 }
 
 // ---- Quantized weights (x16 tiles, quant.h). Decode: x as two int8 terms per block (Q8Row);
@@ -643,7 +742,9 @@ void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> out
   thread_local std::vector<uint16_t> xb_buf;
   uint16_t* xb = nullptr;
   if (any_bf16) {
-    if (xb_buf.size() < size_t(T * Kp)) xb_buf.resize(size_t(T * Kp));
+    // A block of AMX tokens starting before T reads rows up to 31 past it: keep them inside.
+    const int64_t rows = T + kAmxTokens;
+    if (xb_buf.size() < size_t(rows * Kp)) xb_buf.resize(size_t(rows * Kp));
     xb = xb_buf.data();
     if (T >= 16)
       pool.parallel_for(T, [&](int64_t b, int64_t e) { convert_rows(x + b * K, e - b, K, Kp, xb + b * Kp); });

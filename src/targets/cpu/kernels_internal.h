@@ -32,6 +32,10 @@ namespace detail {
 // Which matmul implementation runs: true -> the hand-written AVX-512 BF16 path.
 bool use_avx512bf16();
 bool cpu_has_avx512bf16();
+// AMX (tiles of bf16 products) for the prefill GEMM, on top of the AVX-512 BF16 path: the CPU
+// has AMX-TILE and AMX-BF16 and the kernel granted this process the tile state.
+bool use_amx();
+bool cpu_has_amx();
 
 // Hand-written AVX-512 BF16 / VNNI matmul (kernels_avx512bf16.cc) of matrices sharing x (all
 // of x's K columns, K > 0; one or more): x is rounded (or quantized) once; at T == 1 one
