@@ -14,6 +14,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "targets/cpu/kernels_hwy.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
 
@@ -272,8 +273,16 @@ HWY_INLINE void AttnChunkHeads(const float* const* qs, const uint16_t* k, int64_
   const int64_t tb0 = j0 / kKTile, tb1 = (j1 + kKTile - 1) / kKTile;
   // Scores of whole tiles: lanes are positions, so no horizontal sums.
   const auto vst = hn::Set(dt, scale);
+  // In a decode step the cache rows come from DRAM (the weights streamed since evicted them),
+  // a head's tile of keys is hd x 32 bytes with the other heads' between, and the hardware
+  // prefetchers stop at 4 KiB pages: ask for the keys two tiles ahead, the values 16 rows ahead.
+  const int64_t tile_bytes = hd * kKTile * 2;
   for (int64_t tb = tb0; tb < tb1; ++tb) {
     const uint16_t* kb = k + tb * kKTile * kv_dim + c0 * kKTile;
+    if (tb + 2 < tb1) {
+      const char* ahead = reinterpret_cast<const char*>(kb + 2 * kKTile * kv_dim);
+      for (int64_t line = 0; line < tile_bytes; line += 64) hwy::Prefetch(ahead + line);
+    }
     for (int64_t i0 = 0; i0 < kKTile; i0 += Lt) {
       hn::Vec<DT> a[NB], b[NB];
       for (int g = 0; g < NB; ++g) a[g] = b[g] = hn::Zero(dt);
@@ -330,6 +339,8 @@ HWY_INLINE void AttnChunkHeads(const float* const* qs, const uint16_t* k, int64_
       for (int bb = 0; bb < 4; ++bb) acc[g][bb] = hn::Zero(df);
     for (int64_t j = 0; j < n; ++j) {
       const uint16_t* vr = v + (j0 + j) * kv_dim + d0;
+      if (d0 == 0 && j + 16 < n)
+        for (int64_t line = 0; line < hd * 2; line += 64) hwy::Prefetch(reinterpret_cast<const char*>(vr + 16 * kv_dim) + line);
       VF p[NB];
       for (int g = 0; g < NB; ++g) p[g] = hn::Set(df, sg[g][j]);
       for (int bb = 0; bb < 4; ++bb) {
