@@ -41,10 +41,10 @@ std::vector<uint8_t> random_blocks(DType t, int64_t rows, int64_t cols, uint32_t
   for (int64_t b = 0; b < blocks; ++b) {
     uint8_t* p = out.data() + b * bb;
     for (int64_t i = 0; i < bb; ++i) p[i] = uint8_t(byte(rng));
-    // The f16 scales: d first (Q6_K: last), then Q4_1's m or Q4_K's dmin.
+    // The f16 scales: d first (Q6_K: last), then Q4_1's/Q5_1's m or Q4_K's/Q5_K's dmin.
     const uint16_t d = f16_bits((byte(rng) & 1 ? 1.0f : -1.0f) * std::exp(mag(rng)));
     std::memcpy(p + (t == DType::Q6_K ? 208 : 0), &d, 2);
-    if (t == DType::Q4_1 || t == DType::Q4_K) {
+    if (t == DType::Q4_1 || t == DType::Q5_1 || t == DType::Q4_K || t == DType::Q5_K) {
       const uint16_t m = f16_bits((byte(rng) & 1 ? 0.5f : -0.5f) * std::exp(mag(rng)));
       std::memcpy(p + 2, &m, 2);
     }
@@ -83,7 +83,8 @@ void for_each_isa(F&& body) {
   cpu::set_isa("auto");
 }
 
-const DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4_K, DType::Q6_K};
+const DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+                        DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
 TEST(CpuQuant, TilesHoldTheFilesValuesBitForBit) {
   for (DType t : kTypes) {
@@ -223,18 +224,19 @@ TEST(CpuQuant, NonFiniteActivationsReachTheOutput) {
 
 TEST(CpuQuant, RefusesWhatItCannotRead) {
   cpu::ThreadPool pool(1);
-  std::vector<uint8_t> bytes(size_t(dtype_bytes(DType::Q5_K, 256)));
-  const cpu::WeightMatrix k(DType::Q5_K, bytes.data(), 1, 256);
+  std::vector<uint8_t> bytes(size_t(dtype_bytes(DType::Q3_K, 256)));
+  const cpu::WeightMatrix k(DType::Q3_K, bytes.data(), 1, 256);
   std::vector<float> x(256), y(1);
   EXPECT_THROW(cpu::matmul(x.data(), 1, k, nullptr, y.data(), pool), Error);
   // A block format the tiles do not take is converted to bf16 by the store instead.
   CpuWeightStore store;
-  const auto q5k = std::vector<uint8_t>(size_t(dtype_bytes(DType::Q5_K, 256)), 0);
-  EXPECT_FALSE(store.load(file_weight("k", DType::Q5_K, q5k, 1, 256)).quantized());
-  EXPECT_EQ(store.formats().at("bf16 converted from Q5_K"), 1);
+  const auto q3k = std::vector<uint8_t>(size_t(dtype_bytes(DType::Q3_K, 256)), 0);
+  EXPECT_FALSE(store.load(file_weight("k", DType::Q3_K, q3k, 1, 256)).quantized());
+  EXPECT_EQ(store.formats().at("bf16 converted from Q3_K"), 1);
 }
 
-// A tiny Llama quantized as people download models (q4_k_m: Q4_K, Q6_K and Q8_0 mixed; q4_0;
+// A tiny Llama quantized as people download models (q4_k_m: Q4_K, Q6_K and Q8_0 mixed; q5_k_m;
+// q4_0; q5_1;
 // q8_0): the cpu target holds every matrix as tiles of the file's blocks (nothing converted
 // to bf16), its logits follow the oracle's on the same blocks for a prompt and decode steps,
 // and the weights it holds are about the file's size.
@@ -248,7 +250,7 @@ TEST(CpuQuant, QuantizedModelsRunInTheirBlocks) {
   o.tokenizers_dir = testing_support::shared_dir() + "/data/tokenizers";
   synth(o);
   const Model src = Model::open(o.out_dir);
-  for (const char* scheme : {"q4_k_m", "q4_0", "q8_0"}) {
+  for (const char* scheme : {"q4_k_m", "q5_k_m", "q4_0", "q5_1", "q8_0"}) {
     SCOPED_TRACE(scheme);
     QuantizeOptions q;
     q.out_path = dir.str(std::string(scheme) + ".gguf");

@@ -226,7 +226,7 @@ nlohmann::json CpuRunner::build_plan(const Model& model) const {
                      {"mapped_bytes", weights_->mapped_bytes()},
                      {"tiled_bytes", weights_->tiled_bytes()},
                      {"converted_bytes", weights_->converted_bytes()},
-                     {"residency", "bf16 mapped from the checkpoint; block formats the cpu reads (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K) "
+                     {"residency", "bf16 mapped from the checkpoint; block formats the cpu reads (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) "
                                    "re-laid as 16-row tiles of the same bytes; anything else converted to bf16 once"}};
   plan["kv_cache"] = {{"bytes_per_position", kv_bytes_per_position()}, {"growth", "on demand"}};
   plan["dispatches"] = one_op_per_dispatch(s, "cpu");

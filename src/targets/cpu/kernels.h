@@ -53,7 +53,7 @@ class ThreadPool {
 using Bf16Matrix = ::tessera::Bf16Matrix;  // targets/bf16_weights.h
 
 // A weight matrix [rows, cols] as the kernels read it: BF16 rows, or a GGML block format
-// (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K) re-laid as tiles of 16 rows (targets/cpu/quant.h).
+// (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) re-laid as tiles of 16 rows (targets/cpu/quant.h).
 struct WeightMatrix {
   DType dtype = DType::BF16;
   const void* data = nullptr;

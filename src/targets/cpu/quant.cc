@@ -32,7 +32,8 @@ int stored_value(DType t, const uint8_t* tile, const X16Layout& L, int64_t i, in
   if (t == DType::Q8_0) return tile[L.qs + v * 64 + 4 * i + kk % 4];
   const uint8_t byte = tile[L.qs + j * 256 + (kk / 8) * 64 + 4 * i + kk % 4];
   int q = (kk % 8) / 4 ? byte >> 4 : byte & 0x0F;
-  if (t == DType::Q5_0) q |= ((tile[L.qh + 4 * i + kk % 4] >> v) & 1) << 4;
+  if (t == DType::Q5_0 || t == DType::Q5_1) q |= ((tile[L.qh + 4 * i + kk % 4] >> v) & 1) << 4;
+  if (t == DType::Q5_K) q |= ((tile[L.qh + j * 64 + 4 * i + kk % 4] >> v) & 1) << 4;
   if (t == DType::Q6_K) q |= ((tile[L.qh + j * 128 + (v / 4) * 64 + 4 * i + kk % 4] >> (2 * (v % 4))) & 3) << 4;
   return q;
 }
@@ -64,28 +65,36 @@ void x16_pack_tile(DType t, const uint8_t* const rows[kTileRows], int64_t block,
         break;
       case DType::Q4_0:
       case DType::Q4_1:
-      case DType::Q5_0: {
+      case DType::Q5_0:
+      case DType::Q5_1: {
         std::memcpy(tile + 2 * i, src, 2);
-        if (t == DType::Q4_1) std::memcpy(tile + L.m + 2 * i, src + 2, 2);
+        const bool with_min = t == DType::Q4_1 || t == DType::Q5_1;
+        if (with_min) std::memcpy(tile + L.m + 2 * i, src + 2, 2);
         // GGML's 32-value blocks: byte j holds value j (low nibble) and value j + 16 (high);
-        // Q5_0's qh bit j is value j's fifth bit.
-        const uint8_t* qs = src + (t == DType::Q4_1 ? 4 : t == DType::Q5_0 ? 6 : 2);
-        const uint32_t qh = t == DType::Q5_0 ? load_u32(src + 2) : 0;
+        // Q5_0's and Q5_1's qh bit j is value j's fifth bit.
+        const int qh_at = t == DType::Q5_0 ? 2 : t == DType::Q5_1 ? 4 : 0;
+        const uint8_t* qs = src + (qh_at ? qh_at + 4 : with_min ? 4 : 2);
+        const uint32_t qh = qh_at ? load_u32(src + qh_at) : 0;
         for (int j = 0; j < 16; ++j) {
           q[j] = (qs[j] & 0x0F) | int((qh >> j) & 1) << 4;
           q[j + 16] = (qs[j] >> 4) | int((qh >> (j + 16)) & 1) << 4;
         }
         break;
       }
-      case DType::Q4_K: {
+      case DType::Q4_K:
+      case DType::Q5_K: {
         std::memcpy(tile + 2 * i, src, 2);            // d
         std::memcpy(tile + 32 + 2 * i, src + 2, 2);   // dmin
+        // Q5_K: qh[32] between the scales and the nibbles; bit g of qh[l] is value 32g + l's fifth.
+        const bool q5 = t == DType::Q5_K;
+        const uint8_t *qh = src + 16, *qs = src + (q5 ? 48 : 16);
         for (int g = 0; g < 8; ++g) {
           int sc, m;
           k_scale_min(src + 4, g, sc, m);
           tile[L.sc + g * 16 + i] = uint8_t(sc);
           tile[L.m + g * 16 + i] = uint8_t(m);
-          for (int l = 0; l < 32; ++l) q[g * 32 + l] = (src[16 + (g / 2) * 32 + l] >> (4 * (g % 2))) & 0x0F;
+          for (int l = 0; l < 32; ++l)
+            q[g * 32 + l] = ((qs[(g / 2) * 32 + l] >> (4 * (g % 2))) & 0x0F) | (q5 ? ((qh[l] >> g) & 1) << 4 : 0);
         }
         break;
       }
@@ -108,7 +117,8 @@ void x16_pack_tile(DType t, const uint8_t* const rows[kTileRows], int64_t block,
         continue;
       }
       tile[L.qs + j * 256 + (kk / 8) * 64 + 4 * i + e] |= uint8_t((q[k] & 0x0F) << (4 * ((kk % 8) / 4)));
-      if (t == DType::Q5_0) tile[L.qh + 4 * i + e] |= uint8_t(((q[k] >> 4) & 1) << v);
+      if (t == DType::Q5_0 || t == DType::Q5_1) tile[L.qh + 4 * i + e] |= uint8_t(((q[k] >> 4) & 1) << v);
+      if (t == DType::Q5_K) tile[L.qh + j * 64 + 4 * i + e] |= uint8_t(((q[k] >> 4) & 1) << v);
       if (t == DType::Q6_K) tile[L.qh + j * 128 + (v / 4) * 64 + 4 * i + e] |= uint8_t(((q[k] >> 4) & 3) << (2 * (v % 4)));
     }
   }
@@ -131,8 +141,10 @@ void x16_rows_f32(DType t, const uint8_t* tiles, int64_t cols, int64_t r0, int64
         case DType::Q8_0: o[c - k0] = float(q) * d; break;
         case DType::Q4_0:
         case DType::Q5_0: o[c - k0] = d * float(q); break;
-        case DType::Q4_1: o[c - k0] = d * float(q) + f16_to_f32(load_u16(tile + L.m + 2 * i)); break;
-        case DType::Q4_K: {
+        case DType::Q4_1:
+        case DType::Q5_1: o[c - k0] = d * float(q) + f16_to_f32(load_u16(tile + L.m + 2 * i)); break;
+        case DType::Q4_K:
+        case DType::Q5_K: {
           const float dl = d * float(tile[L.sc + (k / 32) * 16 + i]);
           const float ml = f16_to_f32(load_u16(tile + 32 + 2 * i)) * float(tile[L.m + (k / 32) * 16 + i]);
           o[c - k0] = dl * float(q) - ml;
@@ -218,13 +230,14 @@ void x16_gemv_rows(const Q8Row& x, DType t, const uint8_t* tiles, int64_t cols, 
           dot_lo += v * x.lo[size_t(b * n + k)];
         }
         float scale = d;
-        if (t == DType::Q4_K) scale = d * float(tile[L.sc + (k0 / 32) * 16 + i]);
+        if (t == DType::Q4_K || t == DType::Q5_K) scale = d * float(tile[L.sc + (k0 / 32) * 16 + i]);
         if (t == DType::Q6_K) scale = d * float(int8_t(tile[L.sc + (k0 / 16) * 16 + i]));
         const float xd = x.d[size_t(xb)];
         acc += (float(dot_hi) + float(dot_lo) * (1.0f / Q8Row::kLoScale)) * (scale * xd);
-        if (t == DType::Q4_1 || t == DType::Q4_K) {
+        if (t == DType::Q4_1 || t == DType::Q5_1 || t == DType::Q4_K || t == DType::Q5_K) {
           const float xsum = x.block_sum(xb);
-          const float m = t == DType::Q4_1 ? f16_to_f32(load_u16(tile + L.m + 2 * i))
+          const bool k_quant = t == DType::Q4_K || t == DType::Q5_K;
+          const float m = !k_quant ? f16_to_f32(load_u16(tile + L.m + 2 * i))
                                            : -(f16_to_f32(load_u16(tile + 32 + 2 * i)) * float(tile[L.m + (k0 / 32) * 16 + i]));
           acc_min += m * (xd * xsum);
         }

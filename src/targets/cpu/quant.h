@@ -17,13 +17,16 @@
 //   Q4_0   288 (288)  f16 d[16]; qs[4][64]
 //   Q4_1   320 (320)  f16 d[16]; f16 m[16]; qs[4][64]
 //   Q5_0   352 (352)  f16 d[16]; qs[4][64]; qh[64]: bit v of byte 4i+e = fifth bit of vector v's value
+//   Q5_1   384 (384)  f16 d[16]; f16 m[16]; qs[4][64]; qh[64] as Q5_0's
 //   Q4_K  2368 (2304) f16 d[16]; f16 dmin[16]; u8 sc[8][16]; u8 m[8][16]; qs[8 chunks][4][64]
+//   Q5_K  2880 (2816) Q4_K's parts; qh[8 chunks][64], each as Q5_0's qh for its chunk
 //   Q6_K  3360 (3360) f16 d[16]; i8 sc[16][16]; qs[8][4][64]; qh[8][2][64]: bits 2s..2s+1 of
 //                     byte 4i+e in qh[j][h] = high two bits of chunk j's vector 4h+s
 //
 // One VNNI dot-product instruction (u8 x s8, four products summed per lane) then advances 16
 // rows by four values against four broadcast activation bytes. Q4_K's 6-bit scales and mins
-// are unpacked to bytes (2.8% more than the file); every value is exactly the file's. Rows
+// (and Q5_K's) are unpacked to bytes (2.8% and 2.3% more than the file); every value is
+// exactly the file's. Rows
 // past the matrix's end are zero (scale 0).
 #pragma once
 #include <cstdint>
@@ -48,7 +51,9 @@ constexpr X16Layout x16_layout(DType t) {
     case DType::Q4_0: return {32, 32, 0, 0, 0, 288, 8};
     case DType::Q4_1: return {32, 64, 0, 0, 32, 320, 0};
     case DType::Q5_0: return {32, 32, 288, 0, 0, 352, 16};
+    case DType::Q5_1: return {32, 64, 320, 0, 32, 384, 0};
     case DType::Q4_K: return {256, 320, 0, 64, 192, 2368, 0};
+    case DType::Q5_K: return {256, 320, 2368, 64, 192, 2880, 0};
     case DType::Q6_K: return {256, 288, 2336, 32, 0, 3360, 32};
     default: return {0, 0, 0, 0, 0, 0, 0};
   }

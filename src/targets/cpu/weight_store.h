@@ -1,6 +1,6 @@
 // The cpu target's weights: what each matrix is as the kernels read it, loaded once.
 //  - BF16 in Hugging Face row order: the file's pages, mapped (no copy);
-//  - Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K: re-laid as x16 tiles (cpu/quant.h), the same
+//  - Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: re-laid as x16 tiles (cpu/quant.h), the same
 //    bytes per block (Q4_K: 2.8% more), and the file's pages released once copied, so
 //    memory stays about the file's size;
 //  - anything else (F32, F16, the other block formats, or permuted on disk): converted to
