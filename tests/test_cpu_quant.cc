@@ -1,9 +1,12 @@
 // The cpu kernels on quantized weights: the x16 tiles hold exactly the file's values, and the
 // GEMV / GEMM on them compute what their declared numerics say, on every ISA path.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cctype>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <vector>
 
@@ -235,6 +238,42 @@ TEST(CpuQuant, RefusesWhatItCannotRead) {
   EXPECT_EQ(store.formats().at("bf16 converted from Q3_K"), 1);
 }
 
+// KiB of this process's mappings of `path` resident now (/proc/self/smaps), or -1 where
+// there is no smaps to read.
+int64_t mapping_rss_kib(const std::string& path) {
+  std::ifstream smaps("/proc/self/smaps");
+  if (!smaps) return -1;
+  int64_t kib = 0;
+  bool ours = false;
+  for (std::string line; std::getline(smaps, line);) {
+    if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) && line.find('-') < line.find(' '))
+      ours = line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0;
+    else if (ours && line.rfind("Rss:", 0) == 0)
+      kib += std::stoll(line.substr(4));
+  }
+  return kib;
+}
+
+// Tiles of the weights reserve() was given fill one arena, back to back, whichever order
+// they load in; the tiles are the same as without the reservation.
+TEST(CpuQuant, ReservedTilesFillOneArena) {
+  const auto a = random_blocks(DType::Q4_1, 40, 256, 1), b = random_blocks(DType::Q6_K, 16, 512, 2);
+  const Weight wa = file_weight("a", DType::Q4_1, a, 40, 256), wb = file_weight("b", DType::Q6_K, b, 16, 512);
+  CpuWeightStore reserved, plain;
+  reserved.reserve({&wa, &wb, &wa});  // a tied matrix is listed twice
+  const cpu::WeightMatrix& rb = reserved.load(wb);
+  const cpu::WeightMatrix& ra = reserved.load(wa);
+  const int64_t b_bytes = cpu::x16_bytes(DType::Q6_K, 16, 512), a_bytes = cpu::x16_bytes(DType::Q4_1, 40, 256);
+  EXPECT_EQ(ra.tiles(), rb.tiles() + (b_bytes + 63) / 64 * 64);
+  // Exactly their bytes (to the page), where an unreserved store maps a 64 MiB arena.
+  const int64_t page = ::sysconf(_SC_PAGESIZE), tiles = (b_bytes + 63) / 64 * 64 + (a_bytes + 63) / 64 * 64;
+  EXPECT_EQ(reserved.arena_bytes(), (tiles + page - 1) / page * page);
+  EXPECT_EQ(0, std::memcmp(ra.tiles(), plain.load(wa).tiles(), size_t(a_bytes)));
+  EXPECT_EQ(0, std::memcmp(rb.tiles(), plain.load(wb).tiles(), size_t(b_bytes)));
+  EXPECT_EQ(plain.arena_bytes(), int64_t(64) << 20);
+  EXPECT_THROW(reserved.reserve({&wa}), Error);  // only before the first load
+}
+
 // A tiny Llama quantized as people download models (q4_k_m: Q4_K, Q6_K and Q8_0 mixed; q5_k_m;
 // q4_0; q5_1;
 // q8_0): the cpu target holds every matrix as tiles of the file's blocks (nothing converted
@@ -260,6 +299,11 @@ TEST(CpuQuant, QuantizedModelsRunInTheirBlocks) {
     co.threads = 2;
     co.fused_prefill = co.fused_decode = true;
     CpuRunner cpu(m, co);
+    // Everything the runner reads is its own copy now: none of the file's pages stays
+    // resident in this process (until the oracle below reads the file).
+    if (const int64_t kib = mapping_rss_kib(q.out_path); kib >= 0) {
+      EXPECT_EQ(kib, 0);
+    }
     EXPECT_EQ(cpu.weights().converted_bytes(), 0);
     EXPECT_EQ(cpu.weights().mapped_bytes(), 0);
     int64_t file_matrix_bytes = 0;

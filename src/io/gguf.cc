@@ -383,6 +383,9 @@ GgufFile GgufFile::open(const std::string& path) {
     }
     prev = &t;
   }
+  // The header and metadata are parsed into g: their pages are not read again, so they need
+  // not stay resident (a 49k-token vocabulary is about 2 MB of them).
+  g.file_->release(base, std::min(data_start, size));
   return g;
 }
 

@@ -17,30 +17,40 @@ namespace tessera {
 
 namespace detail {
 
+void StringTable::push_back(std::string_view s) {
+  if (bytes_.size() + s.size() > UINT32_MAX) fail("tokenizer: the token strings exceed 4 GiB");
+  bytes_.append(s);
+  end_.push_back(uint32_t(bytes_.size()));
+}
+
 void finalize(TokenizerData& d) {
   if (!d.bpe) fail("{}: the tokenizer has no model", d.source);
   int64_t n = 0;
   for (const auto& [tok, id] : d.bpe->vocab()) n = std::max<int64_t>(n, int64_t(id) + 1);
   for (const AddedToken& a : d.added) n = std::max<int64_t>(n, int64_t(a.id) + 1);
-  d.token_strings.assign(size_t(n), std::string());
+  std::vector<std::string_view> strings(static_cast<size_t>(n));  // views of the vocabulary's and added tokens' strings
   d.present.assign(size_t(n), 0);
   d.special.assign(size_t(n), 0);
   for (const auto& [tok, id] : d.bpe->vocab()) {
-    d.token_strings[size_t(id)] = tok;
+    strings[size_t(id)] = tok;
     d.present[size_t(id)] = 1;
   }
   // Added tokens take precedence over the model's entry for the same id, as in tokenizers.
   for (const AddedToken& a : d.added) {
-    d.token_strings[size_t(a.id)] = a.content;
+    strings[size_t(a.id)] = a.content;
     d.present[size_t(a.id)] = 1;
     d.special[size_t(a.id)] = a.special;
     d.added_ids[a.content] = a.id;
     if (a.normalized) d.normalized_matcher.add(d.normalizer.run(a.content), a);
     else d.raw_matcher.add(a.content, a);
   }
-  d.token_bytes.resize(size_t(n));
-  for (size_t id = 0; id < size_t(n); ++id)
-    d.token_bytes[id] = d.byte_level_decoder ? byte_level::decode_token(d.token_strings[id]) : d.token_strings[id];
+  d.token_strings = {};
+  d.token_bytes = {};
+  for (const std::string_view s : strings) {
+    d.token_strings.push_back(s);
+    if (d.byte_level_decoder) d.token_bytes.push_back(byte_level::decode_token(s));
+    else d.token_bytes.push_back(s);
+  }
 
   // The stop set: the declared end-of-sequence token plus every well-known end-of-turn or
   // end-of-text token the vocabulary has as a special token (Llama 3 instruct ends turns
@@ -58,8 +68,8 @@ void finalize(TokenizerData& d) {
       if (size_t(id) < d.special.size() && d.special[size_t(id)]) d.eos_ids.push_back(id);
   std::sort(d.eos_ids.begin(), d.eos_ids.end());
   d.eos_ids.erase(std::unique(d.eos_ids.begin(), d.eos_ids.end()), d.eos_ids.end());
-  if (d.bos_id && d.bos_token.empty()) d.bos_token = d.token_strings[size_t(*d.bos_id)];
-  if (d.eos_token.empty() && !d.eos_ids.empty()) d.eos_token = d.token_strings[size_t(d.eos_ids.front())];
+  if (d.bos_id && d.bos_token.empty()) d.bos_token = std::string(d.token_strings[size_t(*d.bos_id)]);
+  if (d.eos_token.empty() && !d.eos_ids.empty()) d.eos_token = std::string(d.token_strings[size_t(d.eos_ids.front())]);
 }
 
 std::optional<int32_t> find_token(const TokenizerData& d, std::string_view token) {
@@ -175,12 +185,12 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
 
 std::string Tokenizer::token_bytes(int32_t id) const {
   check_id(*impl_, id);
-  return impl_->token_bytes[size_t(id)];
+  return std::string(impl_->token_bytes[size_t(id)]);
 }
 
-const std::string& Tokenizer::token_string(int32_t id) const {
+std::string Tokenizer::token_string(int32_t id) const {
   check_id(*impl_, id);
-  return impl_->token_strings[size_t(id)];
+  return std::string(impl_->token_strings[size_t(id)]);
 }
 
 int32_t Tokenizer::vocab_size() const { return int32_t(impl_->present.size()); }

@@ -44,7 +44,7 @@ class Tokenizer {
   // Raw bytes one token stands for (special tokens: their content).
   std::string token_bytes(int32_t id) const;
   // The token string as stored in the vocabulary ("Ġworld").
-  const std::string& token_string(int32_t id) const;
+  std::string token_string(int32_t id) const;
 
   int32_t vocab_size() const;
   std::optional<int32_t> token_id(std::string_view token) const;  // vocabulary or added token

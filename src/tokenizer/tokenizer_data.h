@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -19,6 +20,21 @@ class GgufFile;
 }
 
 namespace tessera::detail {
+
+// Strings by id, their bytes in one buffer: as std::string a vocabulary's 49k short tokens
+// cost 32 bytes each (1.6 MB a table, two tables), here their bytes and a 4-byte offset.
+class StringTable {
+ public:
+  void push_back(std::string_view s);
+  std::string_view operator[](size_t i) const {
+    return std::string_view(bytes_).substr(i ? end_[i - 1] : 0, end_[i] - (i ? end_[i - 1] : 0));
+  }
+  size_t size() const { return end_.size(); }
+
+ private:
+  std::string bytes_;
+  std::vector<uint32_t> end_;  // string i is bytes_[end_[i - 1], end_[i])
+};
 
 struct TokenizerData {
   std::string source;  // the file it came from, for messages
@@ -39,8 +55,8 @@ struct TokenizerData {
 
   // Built by finalize() from the above.
   AddedTokenMatcher raw_matcher, normalized_matcher;
-  std::vector<std::string> token_strings;  // by id; "" where no token has the id
-  std::vector<std::string> token_bytes;    // by id: what decode() produces for it
+  StringTable token_strings;  // by id; "" where no token has the id
+  StringTable token_bytes;    // by id: what decode() produces for it
   std::vector<uint8_t> present, special;   // by id
   std::unordered_map<std::string, int32_t> added_ids;  // added token content -> id
 };

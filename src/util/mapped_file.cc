@@ -44,7 +44,10 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
 void MappedFile::release(const uint8_t* p, uint64_t n) const {
   if (!data_ || p < data_ || p + n > data_ + size_) return;
   const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
-  const uint64_t begin = (uint64_t(p - data_) + page - 1) / page * page, end = uint64_t(p + n - data_) / page * page;
+  // Pages wholly inside the range; the file's last page counts as whole (the mapping past
+  // the end of the file holds nothing else).
+  const uint64_t begin = (uint64_t(p - data_) + page - 1) / page * page;
+  const uint64_t end = p + n == data_ + size_ ? (size_ + page - 1) / page * page : uint64_t(p + n - data_) / page * page;
   if (end > begin) ::madvise(const_cast<uint8_t*>(data_ + begin), end - begin, MADV_DONTNEED);
 }
 

@@ -18,8 +18,9 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
-  // Drops the pages wholly inside [p, p + n) from this process's memory (they stay in the
-  // file and come back if read again): for bytes a reader has copied into its own layout.
+  // Drops the pages wholly inside [p, p + n) (a range reaching the end of the file: its last
+  // page too) from this process's memory (they stay in the file and come back if read
+  // again): for bytes a reader has copied into its own layout.
   void release(const uint8_t* p, uint64_t n) const;
 
  private:

@@ -15,6 +15,7 @@
 #include "oracle/ops.h"
 #include "util/error.h"
 #include "util/half.h"
+#include "util/mapped_file.h"
 #include "util/parallel.h"
 #include "util/stats.h"
 
@@ -157,7 +158,37 @@ CpuRunner::CpuRunner(const Model& model, CpuOptions options)
       [this](int64_t n, const std::function<void(int64_t, int64_t)>& body) { pool_->parallel_for(n, body); });
   const ModelSpec& s = model.spec();
   cache_ = std::make_unique<cpu::KvCache>(s.n_layers, s.kv_dim());
+  weights_->reserve(matrix_weights());
   load_matrices(*weights_);
+  release_copied_file_pages();
+}
+
+// Every tensor the cpu reads is now its own copy (tiles, bf16 conversions, the fp32 norms
+// and biases LayeredRunner holds) except bf16 matrices used straight from the mapping. The
+// store releases each matrix's pages as it copies them, but only pages wholly inside that
+// matrix: the pages it shares with a neighbour, the norms', the metadata's and those of
+// tensors no stage reads stay resident (about 1 MB on the 135M model). So give back every
+// page of the model's files outside the mapped matrices; a later reader (the oracle's
+// twins) faults them in again from the page cache.
+void CpuRunner::release_copied_file_pages() const {
+  std::map<const MappedFile*, std::vector<std::pair<const uint8_t*, const uint8_t*>>> keep;
+  for (const auto& [name, w] : model_.weights())
+    if (w.info.file) keep[w.info.file.get()];
+  for (const Weight* w : matrix_weights()) {
+    const MappedFile* f = w->info.file.get();
+    const auto* p = static_cast<const uint8_t*>(matrix(w->name).data);
+    if (f && p >= f->data() && p < f->data() + f->size()) keep[f].push_back({p, p + matrix(w->name).bytes()});
+  }
+  for (auto& [f, ranges] : keep) {
+    std::sort(ranges.begin(), ranges.end());
+    const uint8_t* at = f->data();
+    for (const auto& [b, e] : ranges) {
+      if (b > at) f->release(at, uint64_t(b - at));
+      at = std::max(at, e);
+    }
+    const uint8_t* end = f->data() + f->size();
+    if (end > at) f->release(at, uint64_t(end - at));
+  }
 }
 
 CpuRunner::~CpuRunner() = default;

@@ -87,6 +87,9 @@ class CpuRunner final : public LayeredRunner {
   bool stage_matrix_quantized(Stage s, int64_t layer) const;  // every matrix of the stage in that layer
 
  private:
+  // Gives back the model file's pages the cpu no longer reads (see the definition).
+  void release_copied_file_pages() const;
+
   CpuOptions options_;
   std::unique_ptr<cpu::ThreadPool> pool_;
   std::unique_ptr<cpu::KvCache> cache_;
