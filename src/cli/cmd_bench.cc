@@ -37,6 +37,7 @@ struct BenchArgs {
   bool profile = false;
   std::string plan;
   std::string device;
+  std::string isa;
 };
 
 // 512 MiB: far beyond any cache, and short enough (~20 ms a pass) to take after every repeat.
@@ -95,6 +96,7 @@ void bench_npusim(const BenchArgs& a, NpuSimRunner& npu, nlohmann::json& out,
 void run_bench(const BenchArgs& a) {
   if (a.repeats < 1) fail("--repeats must be >= 1, got {}", a.repeats);
   if (a.decode_tokens < 1) fail("--decode-tokens must be >= 1, got {}", a.decode_tokens);
+  if (!a.isa.empty()) cpu::set_isa(a.isa);  // throws naming the ISAs this CPU has
   ExecutorOptions eo;
   eo.target = a.target;
   eo.threads = a.threads;
@@ -218,6 +220,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--no-bandwidth", a->no_bandwidth, "Skip the read-bandwidth measurement");
   cmd->add_option("--plan", a->plan, "For a model: the named plan (cpu: cpu-fused (default), cpu-naive; npusim: baseline (default), naive, merged)");
   cmd->add_option("--device", a->device, "npusim: the device profile (default xdna2)");
+  cmd->add_option("--isa", a->isa,
+                  "cpu target: force a kernel path, to compare them on one machine (auto, avx512bf16, hwy, or a "
+                  "Highway target: AVX3, AVX2, SSE4, EMU128; as cpu::set_isa)");
   cmd->add_flag("--profile", a->profile, "cpu target: also report wall time per stage for decode (the last repeat)");
   cmd->callback([a] { run_bench(*a); });
 }
