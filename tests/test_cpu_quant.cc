@@ -184,6 +184,38 @@ TEST(CpuQuant, MatmulComputesItsDeclaredNumerics) {
   }
 }
 
+// Off the AVX-512 path the decode GEMV runs on Highway's target (AVX3, AVX2, SSE4, EMU128):
+// it promises x16_gemv_rows's arithmetic bit for bit, so every Highway target must give the
+// plain loops' floats exactly, for every type, a partial last group of rows and a bias.
+TEST(CpuQuant, PortableGemvIsThePlainLoopsBitForBit) {
+  cpu::ThreadPool pool(2);
+  int targets = 0;
+  for (DType t : kTypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const int64_t N = 53, K = 768;  // 3 full groups of 16 and 5 rows; 3 K-quant blocks
+    const auto bytes = random_blocks(t, N, K, 11);
+    CpuWeightStore store;
+    const cpu::WeightMatrix& m = store.load(file_weight("m", t, bytes, N, K));
+    const auto bias = randn(size_t(N), 4);
+    auto x = randn(size_t(K), 12);
+    x[100] *= 60;  // an outlier, and a block of zeros (scale 0)
+    for (int64_t k = 320; k < 352; ++k) x[size_t(k)] = 0;
+    cpu::Q8Row xq;
+    xq.quantize(x.data(), K);
+    std::vector<float> want(static_cast<size_t>(N));
+    cpu::x16_gemv_rows(xq, t, m.tiles(), K, 0, N, want.data());
+    for (int64_t r = 0; r < N; ++r) want[size_t(r)] += bias[size_t(r)];
+    for_each_isa([&] {
+      if (cpu::isa() == "avx512bf16") return;  // VNNI with fused multiply-adds: MatmulComputesItsDeclaredNumerics
+      ++targets;
+      std::vector<float> y(size_t(N), -1.0f);
+      cpu::matmul(x.data(), 1, m, bias.data(), y.data(), pool);
+      for (int64_t r = 0; r < N; ++r) ASSERT_EQ(y[size_t(r)], want[size_t(r)]) << "row " << r;
+    });
+  }
+  EXPECT_GE(targets, 1);  // at least one Highway target ran
+}
+
 TEST(CpuQuant, SharedInputMixesFormatsAndMatchesSeparateCalls) {
   cpu::ThreadPool pool(2);
   const int64_t K = 64;

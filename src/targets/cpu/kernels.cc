@@ -113,21 +113,17 @@ void check_quantized(const WeightMatrix& w) {
 }
 
 // The portable quantized matmul (no AVX-512): the same numerics as the AVX-512 path. T == 1:
-// x quantized per block, one integer dot per block scaled by both scales (plain loops the
-// compiler vectorizes for the baseline ISA); T > 1: a few hundred rows at a time dequantized
-// to bf16 and multiplied by Highway's bf16 GEMM, so the blocks are expanded once per call.
+// x quantized per block, one integer dot per block scaled by both scales (Highway's current
+// target, x16_gemv_rows's arithmetic bit for bit); T > 1: a few hundred rows at a time
+// dequantized to bf16 and multiplied by Highway's bf16 GEMM, so the blocks are expanded once
+// per call.
 void matmul_quantized_portable(const float* x, int64_t T, const WeightMatrix& w, const float* bias, float* y,
                                ThreadPool& pool) {
   const int64_t N = w.rows, K = w.cols, groups = (N + kTileRows - 1) / kTileRows;
   if (T == 1) {
     Q8Row xq;
     xq.quantize(x, K);
-    pool.parallel_for(groups, [&](int64_t g0, int64_t g1) {
-      const int64_t r0 = g0 * kTileRows, r1 = std::min(N, g1 * kTileRows);
-      x16_gemv_rows(xq, w.dtype, w.tiles(), K, r0, r1, y);
-      if (bias)
-        for (int64_t r = r0; r < r1; ++r) y[r] += bias[r];
-    });
+    pool.parallel_for(groups, [&](int64_t g0, int64_t g1) { gemv_x16_hwy(xq, w, bias, y, g0, g1); });
     return;
   }
   // x rounded to bf16 as the declared numerics say (Highway's GEMM itself reads fp32).

@@ -1,5 +1,6 @@
 // Highway-dispatched cpu kernels (AVX3, AVX2, SSE4, EMU128): the matmul fallback for CPUs
-// without AVX-512 BF16, and the element-wise kernels and attention for every CPU.
+// without AVX-512 BF16 (bf16 GEMM, quantized GEMV), and the element-wise kernels and
+// attention for every CPU.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "targets/cpu/kernels_internal.h"
+#include "targets/cpu/quant.h"
 
 #ifndef HWY_DISABLED_TARGETS
 #define HWY_DISABLED_TARGETS (HWY_SSSE3)  // SSE4 covers the same machines' era well enough
@@ -527,6 +529,166 @@ void AttnRows(const float* const* q_rows, float* const* out_rows, const int64_t*
 
 int64_t F32Lanes() { return int64_t(hn::Lanes(DF())); }
 
+// ---------------------------------------------------------------- quantized GEMV
+// The portable twin of the AVX-512 VNNI GEMV, computing exactly what x16_gemv_rows
+// (cpu/quant.cc) computes, bit for bit: per row and 32-value chunk (16 for Q6_K), the
+// integer dots of the stored bytes with x's hi and lo terms (the weights' offset taken out
+// with x's sums), then the same fp32 operations in the same order; only the rows run in
+// parallel lanes. A tile's value vector holds four values of each of 16 rows per 32-bit
+// lane: widened to i16, a widening pairwise multiply-add (pmaddwd on x86) against x's four
+// values repeated sums each row's values in two i32 lanes, which one ConcatEven + ConcatOdd
+// per chunk folds into one lane per row. Products fit (255 x 127 x 2 < 2^31 per pair, a
+// chunk's sum < 2^21), so the dots are exact on every target.
+#if HWY_TARGET != HWY_SCALAR
+using DI16 = hn::ScalableTag<int16_t>;
+using DI32 = hn::Repartition<int32_t, DI16>;
+using DU8H = hn::Rebind<uint8_t, DI16>;  // the bytes one i16 vector widens
+using DU64 = hn::Repartition<uint64_t, DI16>;
+using VI16 = hn::Vec<DI16>;
+using VI32 = hn::Vec<DI32>;
+constexpr int kMaxParts = 8;  // 64-byte value vector / the narrowest (128-bit) i16 vector
+
+// The stored bytes (value + offset, high bits included) of value vector v of chunk j, the
+// `at`-th byte onward (Lanes(DI16) of them: Lanes / 4 rows), as i16.
+template <DType kType>
+HWY_INLINE VI16 ValuePart(const uint8_t* tile, int j, int v, size_t at) {
+  constexpr X16Layout L = x16_layout(kType);
+  const DU8H d8;
+  const DI16 d16;
+  if constexpr (kType == DType::Q8_0) return hn::PromoteTo(d16, hn::LoadU(d8, tile + L.qs + v * 64 + at));
+  const auto b = hn::LoadU(d8, tile + L.qs + j * 256 + (v / 2) * 64 + at);
+  VI16 q = hn::PromoteTo(d16, (v & 1) ? hn::ShiftRight<4>(b) : hn::And(b, hn::Set(d8, uint8_t(0x0F))));
+  if constexpr (kType == DType::Q5_0) {
+    const VI16 qh = hn::PromoteTo(d16, hn::LoadU(d8, tile + L.qh + at));
+    q = hn::Or(q, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(qh, v), hn::Set(d16, int16_t(1)))));
+  }
+  if constexpr (kType == DType::Q6_K) {
+    const VI16 qh = hn::PromoteTo(d16, hn::LoadU(d8, tile + L.qh + j * 128 + (v / 4) * 64 + at));
+    q = hn::Or(q, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(qh, 2 * (v % 4)), hn::Set(d16, int16_t(3)))));
+  }
+  return q;
+}
+
+// Per-row bytes (16 of them, f of the float vectors' share) as floats: Q4_K's unsigned
+// scales and mins, Q6_K's signed scales.
+template <typename T>
+HWY_INLINE VF BytesF32(const T* p) {
+  const DF df;
+  const hn::Rebind<int32_t, DF> d32;
+  return hn::ConvertTo(df, hn::PromoteTo(d32, hn::LoadU(hn::Rebind<T, DF>(), p)));
+}
+
+HWY_INLINE VF HalfF32(const uint8_t* p) {
+  return hn::PromoteTo(DF(), hn::LoadU(hn::Rebind<hwy::float16_t, DF>(), reinterpret_cast<const hwy::float16_t*>(p)));
+}
+
+// No fused multiply-add: the same roundings as x16_gemv_rows, compiled for the baseline ISA.
+template <DType kType>
+__attribute__((optimize("fp-contract=off"))) HWY_NOINLINE void GemvX16T(const Q8Row& x, const int16_t* xh,
+                                                                         const int16_t* xl, const uint8_t* tiles,
+                                                                         int64_t N, int64_t K, const float* bias,
+                                                                         float* y, int64_t g0, int64_t g1) {
+  constexpr X16Layout L = x16_layout(kType);
+  constexpr int kChunks = int(L.values / 32);
+  constexpr bool kHalves = kType == DType::Q6_K;  // a scale per 16 values
+  constexpr int32_t kOffset = L.offset;
+  const DI16 d16;
+  const DI32 d32;
+  const DF df;
+  const DU64 d64;
+  const size_t N16 = hn::Lanes(d16), NF = hn::Lanes(df);
+  const size_t P = 64 / N16, F = P / 2;  // i16 parts of a value vector; float vectors of 16 rows
+  const int64_t blocks = K / L.values;
+  const VF inv_lo = hn::Set(df, 1.0f / Q8Row::kLoScale);
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* tile = tiles + g * blocks * L.bytes;
+    VF acc[kMaxParts / 2], acc_min[kMaxParts / 2];
+    for (size_t f = 0; f < F; ++f) acc[f] = acc_min[f] = hn::Zero(df);
+    for (int64_t b = 0; b < blocks; ++b, tile += L.bytes) {
+      VF d[kMaxParts / 2];
+      for (size_t f = 0; f < F; ++f) d[f] = HalfF32(tile + 2 * f * NF);
+      for (int j = 0; j < kChunks; ++j) {
+        const int64_t xb = b * kChunks + j;  // x's 32-value block
+        const float xd = x.d[size_t(xb)];
+        for (int h = 0; h < (kHalves ? 2 : 1); ++h) {
+          VI32 sh[kMaxParts], sh1[kMaxParts], sl[kMaxParts], sl1[kMaxParts];
+          for (size_t s = 0; s < P; ++s) sh[s] = sh1[s] = sl[s] = sl1[s] = hn::Zero(d32);
+          const int v0 = kHalves ? 4 * h : 0, v1 = kHalves ? v0 + 4 : 8;
+          for (int v = v0; v < v1; ++v) {
+            uint64_t ph, pl;  // x's four values of vector v, as i16
+            std::memcpy(&ph, xh + xb * 32 + 4 * v, 8);
+            std::memcpy(&pl, xl + xb * 32 + 4 * v, 8);
+            const VI16 vh = hn::BitCast(d16, hn::Set(d64, ph)), vl = hn::BitCast(d16, hn::Set(d64, pl));
+            for (size_t s = 0; s < P; ++s) {
+              const VI16 q = ValuePart<kType>(tile, j, v, s * N16);
+              sh[s] = hn::ReorderWidenMulAccumulate(d32, q, vh, sh[s], sh1[s]);
+              sl[s] = hn::ReorderWidenMulAccumulate(d32, q, vl, sl[s], sl1[s]);
+            }
+          }
+          const int32_t* s16h = x.sum_hi.data() + 2 * xb;
+          const int32_t* s16l = x.sum_lo.data() + 2 * xb;
+          const int32_t off_h = -kOffset * (kHalves ? s16h[h] : s16h[0] + s16h[1]);
+          const int32_t off_l = -kOffset * (kHalves ? s16l[h] : s16l[0] + s16l[1]);
+          for (size_t f = 0; f < F; ++f) {
+            const VI32 h0 = hn::RearrangeToOddPlusEven(sh[2 * f], sh1[2 * f]);
+            const VI32 h1 = hn::RearrangeToOddPlusEven(sh[2 * f + 1], sh1[2 * f + 1]);
+            const VI32 l0 = hn::RearrangeToOddPlusEven(sl[2 * f], sl1[2 * f]);
+            const VI32 l1 = hn::RearrangeToOddPlusEven(sl[2 * f + 1], sl1[2 * f + 1]);
+            const VI32 dot_hi = hn::Add(hn::Add(hn::ConcatEven(d32, h1, h0), hn::ConcatOdd(d32, h1, h0)), hn::Set(d32, off_h));
+            const VI32 dot_lo = hn::Add(hn::Add(hn::ConcatEven(d32, l1, l0), hn::ConcatOdd(d32, l1, l0)), hn::Set(d32, off_l));
+            const VF dot = hn::Add(hn::ConvertTo(df, dot_hi), hn::Mul(hn::ConvertTo(df, dot_lo), inv_lo));
+            VF scale = d[f];
+            if constexpr (kType == DType::Q4_K) scale = hn::Mul(d[f], BytesF32(tile + L.sc + j * 16 + f * NF));
+            if constexpr (kType == DType::Q6_K)
+              scale = hn::Mul(d[f], BytesF32(reinterpret_cast<const int8_t*>(tile + L.sc + (2 * j + h) * 16 + f * NF)));
+            acc[f] = hn::Add(acc[f], hn::Mul(dot, hn::Mul(scale, hn::Set(df, xd))));
+          }
+        }
+        if constexpr (kType == DType::Q4_1 || kType == DType::Q4_K) {
+          const VF xsum = hn::Set(df, xd * x.block_sum(xb));
+          for (size_t f = 0; f < F; ++f) {
+            VF m;
+            if constexpr (kType == DType::Q4_1) m = HalfF32(tile + L.m + 2 * f * NF);
+            else m = hn::Neg(hn::Mul(HalfF32(tile + 32 + 2 * f * NF), BytesF32(tile + L.m + j * 16 + f * NF)));
+            acc_min[f] = hn::Add(acc_min[f], hn::Mul(m, xsum));
+          }
+        }
+      }
+    }
+    const int64_t n = g * kTileRows, rows = std::min<int64_t>(kTileRows, N - n);
+    alignas(64) float out[kTileRows];
+    for (size_t f = 0; f < F; ++f) hn::Store(hn::Add(acc[f], acc_min[f]), df, out + f * NF);
+    for (int64_t i = 0; i < rows; ++i) y[n + i] = bias ? out[i] + bias[n + i] : out[i];
+  }
+}
+#endif  // HWY_TARGET != HWY_SCALAR
+
+void GemvX16(const Q8Row* x, const WeightMatrix* w, const float* bias, float* y, int64_t g0, int64_t g1) {
+  const int64_t N = w->rows, K = w->cols;
+#if HWY_TARGET != HWY_SCALAR
+  if (64 / hn::Lanes(DI16()) <= size_t(kMaxParts) && hn::Lanes(DI16()) <= 32) {
+    // x's terms widened once per call (the kernel broadcasts four of them at a time).
+    thread_local std::vector<int16_t> xh, xl;
+    xh.assign(x->hi.begin(), x->hi.end());
+    xl.assign(x->lo.begin(), x->lo.end());
+    switch (w->dtype) {
+      case DType::Q4_0: return GemvX16T<DType::Q4_0>(*x, xh.data(), xl.data(), w->tiles(), N, K, bias, y, g0, g1);
+      case DType::Q4_1: return GemvX16T<DType::Q4_1>(*x, xh.data(), xl.data(), w->tiles(), N, K, bias, y, g0, g1);
+      case DType::Q5_0: return GemvX16T<DType::Q5_0>(*x, xh.data(), xl.data(), w->tiles(), N, K, bias, y, g0, g1);
+      case DType::Q8_0: return GemvX16T<DType::Q8_0>(*x, xh.data(), xl.data(), w->tiles(), N, K, bias, y, g0, g1);
+      case DType::Q4_K: return GemvX16T<DType::Q4_K>(*x, xh.data(), xl.data(), w->tiles(), N, K, bias, y, g0, g1);
+      case DType::Q6_K: return GemvX16T<DType::Q6_K>(*x, xh.data(), xl.data(), w->tiles(), N, K, bias, y, g0, g1);
+      default: break;
+    }
+  }
+#endif
+  // A target too narrow (HWY_SCALAR) or too wide for the lane arithmetic above: the plain loops.
+  const int64_t r0 = g0 * kTileRows, r1 = std::min(N, g1 * kTileRows);
+  x16_gemv_rows(*x, w->dtype, w->tiles(), K, r0, r1, y);
+  if (bias)
+    for (int64_t r = r0; r < r1; ++r) y[r] += bias[r];
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace tessera::cpu::detail
 HWY_AFTER_NAMESPACE();
@@ -545,6 +707,7 @@ HWY_EXPORT(AttnChunk);
 HWY_EXPORT(KTranspose);
 HWY_EXPORT(AttnRows);
 HWY_EXPORT(F32Lanes);
+HWY_EXPORT(GemvX16);
 
 void matmul_hwy(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool) {
   HWY_DYNAMIC_DISPATCH(Matmul)(x, T, &w, bias, y, &pool);
@@ -577,6 +740,9 @@ void attn_rows_hwy(const float* const* q_rows, float* const* out_rows, const int
   HWY_DYNAMIC_DISPATCH(AttnRows)(q_rows, out_rows, limit, R, kt, ld, v, hd, scale);
 }
 int64_t f32_lanes_hwy() { return HWY_DYNAMIC_DISPATCH(F32Lanes)(); }
+void gemv_x16_hwy(const Q8Row& x, const WeightMatrix& w, const float* bias, float* y, int64_t g0, int64_t g1) {
+  HWY_DYNAMIC_DISPATCH(GemvX16)(&x, &w, bias, y, g0, g1);
+}
 
 int64_t hwy_supported_targets() {
   static const int64_t all = hwy::SupportedTargets() & HWY_TARGETS;

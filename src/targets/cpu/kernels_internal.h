@@ -7,6 +7,8 @@
 
 namespace tessera::cpu {
 
+struct Q8Row;  // cpu/quant.h
+
 // The KV cache's storage: per layer, fp16. Values are rows [capacity, kv_dim]. Keys are tiled
 // by kKTile positions: [capacity / kKTile][kv_dim][kKTile] (element (pos, c) at
 // (pos / kKTile) * kKTile * kv_dim + c * kKTile + pos % kKTile), so a head's keys for a tile
@@ -68,6 +70,10 @@ void k_transpose_hwy(const uint16_t* k, int64_t c0, const uint16_t* v, int64_t k
 void attn_rows_hwy(const float* const* q_rows, float* const* out_rows, const int64_t* limit, int R, const float* kt,
                    int64_t ld, const float* v, int64_t hd, float scale);
 int64_t f32_lanes_hwy();
+// The quantized decode GEMV on x16 tiles (cpu/quant.h) for the row groups [g0, g1) of 16
+// (y and bias indexed by row; rows past w.rows not written): x16_gemv_rows's arithmetic bit
+// for bit, the rows in vector lanes.
+void gemv_x16_hwy(const Q8Row& x, const WeightMatrix& w, const float* bias, float* y, int64_t g0, int64_t g1);
 
 // Highway target bookkeeping.
 int64_t hwy_supported_targets();           // targets compiled in and supported by this CPU
