@@ -221,7 +221,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--plan", a->plan, "For a model: the named plan (cpu: cpu-fused (default), cpu-naive; npusim: baseline (default), naive, merged)");
   cmd->add_option("--device", a->device, "npusim: the device profile (default xdna2)");
   cmd->add_option("--isa", a->isa,
-                  "cpu target: force a kernel path, to compare them on one machine (auto, avx512bf16, hwy, or a "
+                  "cpu target: force a kernel path, to compare them on one machine (auto, amx, avx512bf16, hwy, or a "
                   "Highway target: AVX3, AVX2, SSE4, EMU128; as cpu::set_isa)");
   cmd->add_flag("--profile", a->profile, "cpu target: also report wall time per stage for decode (the last repeat)");
   cmd->callback([a] { run_bench(*a); });
