@@ -64,14 +64,14 @@ void bench_npusim(const BenchArgs& a, NpuSimRunner& npu, nlohmann::json& out,
     if (L != 2048) prefill_lens.push_back(L);
   for (int L : prefill_lens) {
     if (L > s.max_position) continue;
-    const npusim::PassPrediction p = npusim::predict_prefill(npu.plan(), s, npu.device(), L);
+    const npusim::PassPrediction p = npusim::predict_prefill(npu.plan(), s, npu.device(), L, npu.weight_formats());
     out["predicted_prefill"].push_back({{"prompt_len", L}, {"ms", p.total_us / 1e3}, {"tokens_per_s", L / (p.total_us / 1e6)},
                                         {"npu_dispatches", p.npu_dispatches}});
     say(fmt::format("  prefill {:>4} tokens: {:9.2f} ms predicted ({:.0f} tok/s; {} NPU dispatches)", L, p.total_us / 1e3,
                     L / (p.total_us / 1e6), p.npu_dispatches));
   }
   for (int C : lens) {
-    const npusim::PassPrediction p = npusim::predict_decode(npu.plan(), s, npu.device(), C);
+    const npusim::PassPrediction p = npusim::predict_decode(npu.plan(), s, npu.device(), C, npu.weight_formats());
     out["predicted_decode"].push_back({{"context", C}, {"ms_per_token", p.total_us / 1e3},
                                        {"tokens_per_s", 1e6 / p.total_us}, {"npu_dispatches", p.npu_dispatches}});
     say(fmt::format("  decode at context {:>4}: {:7.3f} ms/token predicted ({:.1f} tok/s; {} NPU dispatches)", C,

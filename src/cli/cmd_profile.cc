@@ -39,8 +39,8 @@ void run_profile(const ProfileArgs& a) {
   if (a.prompt_len < 1 || a.prompt_len > s.max_position) fail("--prompt-len {} is outside [1, {}]", a.prompt_len, s.max_position);
   if (a.context < 0 || a.context >= s.max_position) fail("--context {} is outside [0, {})", a.context, s.max_position);
   // The dry mode: the plan lowered at these shapes and priced, nothing executed.
-  const npusim::Program prefill_program = npusim::lower(npu->plan(), s, npu->device(), {false, a.prompt_len, 0, 1});
-  const npusim::Program decode_program = npusim::lower(npu->plan(), s, npu->device(), {true, 1, a.context, 1});
+  const npusim::Program prefill_program = npusim::lower(npu->plan(), s, npu->device(), {false, a.prompt_len, 0, 1}, {}, npu->weight_formats());
+  const npusim::Program decode_program = npusim::lower(npu->plan(), s, npu->device(), {true, 1, a.context, 1}, {}, npu->weight_formats());
   const npusim::PassPrediction prefill = npusim::price(prefill_program, npu->device());
   const npusim::PassPrediction decode = npusim::price(decode_program, npu->device());
   if (a.json) {

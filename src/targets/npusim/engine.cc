@@ -143,6 +143,11 @@ float* ObjectRef::f32() const {
   return reinterpret_cast<float*>(data);
 }
 
+const uint8_t* ObjectRef::blocks(ElemType t) const {
+  if (type != t || !is_block(t)) fail("npusim: object holds {}, not {} blocks", elem_type_name(type), elem_type_name(t));
+  return data;
+}
+
 // Who waits for what while a launch with worker-to-worker fifos runs: a state in which every
 // unfinished worker waits is a deadlock, reported with each worker's tile and fifo.
 struct Sched {

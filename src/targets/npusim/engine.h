@@ -39,6 +39,8 @@ struct DdrTensor {
 
   static DdrTensor bf16(uint16_t* p, int64_t n) { return {ElemType::BF16, p, n}; }
   static DdrTensor f32(float* p, int64_t n) { return {ElemType::F32, p, n}; }
+  // `n` GGML blocks of type t (weights: read-only on the device).
+  static DdrTensor blocks(ElemType t, const uint8_t* p, int64_t n) { return {t, const_cast<uint8_t*>(p), n}; }
 };
 using Bindings = std::map<std::string, DdrTensor>;
 
@@ -50,6 +52,7 @@ struct ObjectRef {
 
   uint16_t* bf16() const;  // throws unless type is BF16
   float* f32() const;      // throws unless type is F32
+  const uint8_t* blocks(ElemType t) const;  // the object's blocks; throws unless it holds type t
   int64_t bytes() const { return elems * elem_bytes(type); }
 };
 

@@ -20,17 +20,26 @@ size_t hash_floats(const float* p, int64_t n) {
   return std::hash<std::string_view>{}(std::string_view(reinterpret_cast<const char*>(p), size_t(n) * sizeof(float)));
 }
 
+// Activations are bf16 or fp32; block formats are weights, bound where they lie (external).
+void values_only(ElemType t) {
+  if (is_block(t)) fail("npusim executor: an activation buffer cannot hold {} blocks", elem_type_name(t));
+}
+
 // fp32 host values into device memory of type `t`, and back.
 void to_device(const float* in, uint8_t* out, ElemType t, int64_t n) {
+  values_only(t);
   if (t == ElemType::F32) std::memcpy(out, in, size_t(n) * sizeof(float));
   else detail::cast_to_bf16(in, reinterpret_cast<uint16_t*>(out), n);
 }
 void to_host(const uint8_t* in, ElemType t, float* out, int64_t n) {
+  values_only(t);
   if (t == ElemType::F32) std::memcpy(out, in, size_t(n) * sizeof(float));
   else detail::cast_to_f32(reinterpret_cast<const uint16_t*>(in), out, n);
 }
 // Device memory of one type viewed as another (a converted copy).
 void convert(const uint8_t* in, ElemType from, uint8_t* out, ElemType to, int64_t n) {
+  values_only(from);
+  values_only(to);
   if (from == to) {
     std::memcpy(out, in, size_t(n * elem_bytes(from)));
   } else if (from == ElemType::F32) {

@@ -97,6 +97,29 @@ nlohmann::json Program::to_json() const {
           {"dispatches", ds}};
 }
 
+ElemType WeightFormats::of(const std::string& buffer) const {
+  auto it = by_buffer.find(buffer);
+  return it == by_buffer.end() ? ElemType::BF16 : it->second;
+}
+
+nlohmann::json WeightFormats::to_json() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [n, t] : by_buffer)
+    if (t != ElemType::BF16) j[n] = elem_type_name(t);
+  return j;
+}
+
+WeightFormats WeightFormats::from_json(const nlohmann::json& j) {
+  WeightFormats f;
+  if (j.is_null()) return f;
+  for (const auto& [n, t] : j.items()) {
+    const ElemType e = elem_type_from_name(t.get<std::string>());
+    if (e == ElemType::F32) fail("npusim: weight buffer {} cannot be f32 (weights are bf16 or blocks)", n);
+    f.by_buffer[n] = e;
+  }
+  return f;
+}
+
 MappingFaults LoweringFaults::for_op(const std::string& op) const {
   if (auto it = mapping.find(op); it != mapping.end()) return it->second;
   if (auto it = mapping.find("*"); it != mapping.end()) return it->second;
@@ -158,8 +181,9 @@ StepIo step_io(Stage s) {
 
 class Lowerer {
  public:
-  Lowerer(const NpuPlan& plan, const ModelSpec& s, const Device& d, const PassShape& shape, const LoweringFaults& f)
-      : plan_(plan), s_(s), d_(d), t_{s, shape}, faults_(f) {}
+  Lowerer(const NpuPlan& plan, const ModelSpec& s, const Device& d, const PassShape& shape, const LoweringFaults& f,
+          const WeightFormats& w)
+      : plan_(plan), s_(s), d_(d), t_{s, shape}, faults_(f), formats_(w) {}
 
   // The launches and host work of one step.
   ProgramStep step(const PlanStep& ps) {
@@ -362,7 +386,15 @@ class Lowerer {
 
   bool layer_gemvs_fit_resident() const {
     const int64_t H = s_.hidden, Q = s_.q_dim(), KV = s_.kv_dim(), I = s_.intermediate;
-    return gemvs_fit_resident({{Q, H}, {KV, H}, {KV, H}, {H, Q}, {I, H}, {I, H}, {H, I}}, s_.n_layers, d_);
+    auto w = [&](const char* n) { return formats_.of(n); };
+    return gemvs_fit_resident({{Q, H, false, w("w.q")},
+                               {KV, H, false, w("w.k")},
+                               {KV, H, false, w("w.v")},
+                               {H, Q, false, w("w.o")},
+                               {I, H, false, w("w.gate")},
+                               {I, H, false, w("w.up")},
+                               {H, I, false, w("w.down")}},
+                              s_.n_layers, d_);
   }
 
  private:
@@ -414,8 +446,9 @@ class Lowerer {
   void linear(int64_t m, int64_t N, int64_t K, bool bias, const std::string& y, const std::string& x,
               std::string w = "") {
     if (w.empty()) w = "w." + y;
+    const ElemType wt = formats_.of(w);
     if (m == 1) {
-      const GemvShape g{N, K};
+      const GemvShape g{N, K, false, wt};
       const MappingFaults f = faults_.for_op("gemv");
       // The LM head is never kept in L1 (it never fits); a layer's projections only if every
       // layer's fit together.
@@ -428,7 +461,8 @@ class Lowerer {
       if (f.dma_oversubscribed) detail::oversubscribe_dma(l, o.x);
       push(std::move(l), {{"W", w}, {"X", x}, {"Y", y}});
     } else {
-      const GemmOptions o = gemm_options(y);
+      GemmOptions o = gemm_options(y);
+      o.b_type = wt;
       push(gemm(m, K, N, o), {{o.a, x}, {o.b, w}, {o.c, y}});
     }
     if (bias) {
@@ -452,7 +486,7 @@ class Lowerer {
   // faults on A's fifo.
   Launch gemm(int64_t m, int64_t K, int64_t N, const GemmOptions& o) const {
     const MappingFaults f = faults_.for_op("gemm");
-    const GemmPlan p = default_gemm_plan(m, K, N, d_, ElemType::F32);
+    const GemmPlan p = default_gemm_plan(m, K, N, d_, ElemType::F32, o.b_type);
     Launch l = gemm_launch(p.shape, p.tiles, p.herd, d_, o);
     for (ObjectFifo& fi : l.fifos)
       if (fi.tensor == o.a) detail::apply_fifo_faults(fi, f, d_);
@@ -527,6 +561,7 @@ class Lowerer {
   const Device& d_;
   Tensors t_;
   const LoweringFaults& faults_;
+  const WeightFormats& formats_;
   std::vector<LaunchCall>* out_ = nullptr;
 };
 
@@ -592,12 +627,12 @@ void check_shape(const ModelSpec& spec, const PassShape& shape) {
 }  // namespace
 
 Program lower(const NpuPlan& plan, const ModelSpec& spec, const Device& device, const PassShape& shape,
-              const LoweringFaults& faults) {
+              const LoweringFaults& faults, const WeightFormats& formats) {
   check_shape(spec, shape);
   Program prog;
   prog.plan = plan.name;
   prog.shape = shape;
-  Lowerer lw(plan, spec, device, shape, faults);
+  Lowerer lw(plan, spec, device, shape, faults, formats);
   const NpuPlan::Pass& pass = plan.pass(shape.decode);
   lower_section(prog, lw, pass.embedding, "embedding", 1, pass.layer);
   lower_section(prog, lw, pass.layer, "layer", spec.n_layers, pass.head);
@@ -606,7 +641,7 @@ Program lower(const NpuPlan& plan, const ModelSpec& spec, const Device& device, 
 }
 
 Program lower_stage(const NpuPlan& plan, Stage stage, const ModelSpec& spec, const Device& device,
-                    const PassShape& shape, const LoweringFaults& faults) {
+                    const PassShape& shape, const LoweringFaults& faults, const WeightFormats& formats) {
   check_shape(spec, shape);
   Program prog;
   prog.plan = plan.name;
@@ -614,7 +649,7 @@ Program lower_stage(const NpuPlan& plan, Stage stage, const ModelSpec& spec, con
   // A kernel program hands everything it writes back to the host.
   NpuPlan alone = plan;
   alone.intermediates_on_device = false;
-  Lowerer lw(alone, spec, device, shape, faults);
+  Lowerer lw(alone, spec, device, shape, faults, formats);
   const Placement where = plan.placement(stage, shape.decode);
   const std::string section = stage == Stage::Embedding                              ? "embedding"
                               : (stage == Stage::FinalNorm || stage == Stage::LmHead) ? "head"

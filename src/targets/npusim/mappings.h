@@ -64,9 +64,13 @@ Herd herd_for(int64_t blocks, const Device& d, int max_cols = 0, int max_rows = 
 // chunk, re-sent per row block when K is split); bias (if any) split per column (B<c>).
 // `resident`: W is filled on the first call only and stays in L1 (depth = all its objects;
 // the launch name must then be unique per weight).
+// Quantized weights (W4A16, W8A16: `w` a block type, weight_blocks.h): W is [N, K / 32]
+// blocks in DDR and its fifos move blocks (object = R*rb rows x kc/32 blocks, kc a multiple of
+// 32); the workers run gemv_blocks, which unpacks each block and scales its partial sum.
 struct GemvShape {
   int64_t N = 0, K = 0;
   bool bias = false;
+  ElemType w = ElemType::BF16;
 };
 struct GemvTiles {
   int64_t rb = 0;  // rows per worker block (0: default)
@@ -99,7 +103,10 @@ struct GemmPlan {
   GemmTiles tiles;
   GemmHerd herd;
 };
-GemmPlan default_gemm_plan(int64_t M, int64_t K, int64_t N, const Device& d, ElemType c_type = ElemType::F32);
+// b_type: the weight's element type; a block type keeps k (and k_l2) whole blocks and counts
+// B's L1 objects in blocks.
+GemmPlan default_gemm_plan(int64_t M, int64_t K, int64_t N, const Device& d, ElemType c_type = ElemType::F32,
+                           ElemType b_type = ElemType::BF16);
 
 // ---------------------------------------------------------------------------------------
 // Row operations over `rows` rows of `n` elements, one row-block of `rt` rows per object:

@@ -6,6 +6,7 @@
 
 #include "targets/npusim/engine.h"
 #include "targets/npusim/numerics.h"
+#include "targets/npusim/weight_blocks.h"
 #include "util/error.h"
 
 namespace tessera::npusim {
@@ -20,13 +21,19 @@ Launch gemm_launch(const GemmShape& s, const GemmTiles& tl, const GemmHerd& h, c
     fail("gemm mapping: {}x{}x{} is not a whole number of tiles (M by {}x{}, N by {}x{}, K by k_l2 {} = k_l1 {} x "
          "whole)",
          s.M, s.K, s.N, GM, tl.m, GN, tl.n, k_l2, tl.k);
+  const bool quant = is_block(o.b_type);
+  const int64_t bv = block_values(o.b_type);
+  if (tl.k % bv || k_l2 % bv)
+    fail("gemm mapping: k_l1 {} and k_l2 {} must be whole {}-weight {} blocks", tl.k, k_l2, bv, elem_type_name(o.b_type));
   const int64_t MB = s.M / (GM * tl.m), NB = s.N / (GN * tl.n), KB = s.K / tl.k;
   const int64_t m = tl.m, k = tl.k, n = tl.n, K = s.K, N = s.N;
+  const int64_t kw = k / bv, Kw = K / bv;  // B's elements per k block and per row (blocks for a block type)
 
   Launch l;
   l.name = o.name;
-  l.kernel = fmt::format("gemm {}x{}x{} ({}), tiles m={} k_l2={} k_l1={} n={}", s.M, s.K, s.N,
-                         o.b_nk ? "B as [N,K]" : "B as [K,N]", m, k_l2, k, n);
+  l.kernel = fmt::format("gemm {}x{}x{} ({}{}), tiles m={} k_l2={} k_l1={} n={}", s.M, s.K, s.N,
+                         o.b_nk ? "B as [N,K]" : "B as [K,N]", quant ? fmt::format(", {} blocks", elem_type_name(o.b_type)) : "",
+                         m, k_l2, k, n);
   l.herd_cols = h.cols;
   l.herd_rows = h.rows;
   l.loop_order = fmt::format("for {} M blocks: for {} N blocks: C = 0; for {} k blocks: C += A . B", MB, NB, KB);
@@ -37,8 +44,9 @@ Launch gemm_launch(const GemmShape& s, const GemmTiles& tl, const GemmHerd& h, c
       Worker w;
       w.name = fmt::format("mm_{}_{}", c, r);
       w.tile = {c, d.first_compute_row + r};
-      w.kernel = "gemm_bf16";
-      w.cost = {"gemm", "bf16", MB * NB * m * n * K, 0, MB * NB * KB};
+      w.kernel = quant ? "gemm_blocks" : "gemm_bf16";
+      w.cost = {"gemm", "bf16", MB * NB * m * n * K,
+                gemm_dequant_ops(o.b_type, MB * NB * n * K, MB * NB * (K / kBlockValues) * m * n), MB * NB * KB};
       w.params = {{"m", m},
                   {"k", k},
                   {"n", n},
@@ -75,16 +83,19 @@ Launch gemm_launch(const GemmShape& s, const GemmTiles& tl, const GemmHerd& h, c
   for (int g = 0; g < GN; ++g) {
     ObjectFifo f;
     f.name = fmt::format("{}{}", o.b, g);
+    f.type = o.b_type;
     f.tensor = o.b;
     f.shim = {g, d.shim_row};
     f.memtile = Tile{g, d.mem_row};
-    f.object_elems = k * n;
-    f.mem_object_elems = k_l2 * n;
+    f.object_elems = kw * n;
+    f.mem_object_elems = k_l2 / bv * n;
     f.depth = o.depth;
     f.ends = ends_where([&](int c, int r) { return gn_of(c, r) == g; });
     f.kind = f.ends.size() > 1 ? FifoKind::Broadcast : FifoKind::Forward;
-    if (o.b_nk)  // n x k tiles of B[N, K]
-      f.ddr = bd_chain(g * n * K, {MB, NB, KB, n, k}, {0, GN * n * K, k, K, 1}, d.max_dims);
+    if (o.b_nk)  // n x k tiles of B[N, K] (n x k/32 blocks of a block type)
+      f.ddr = bd_chain(g * n * Kw, {MB, NB, KB, n, kw}, {0, GN * n * Kw, kw, Kw, 1}, d.max_dims);
+    else if (quant)  // blocks are [N, K/32] rows; walked as if [K/32, N] (a wrong pattern: wrong blocks)
+      f.ddr = bd_chain(g * n, {MB, NB, KB, n, kw}, {0, GN * n, kw * N, 1, N}, d.max_dims);
     else  // k x n tiles of B[K, N]
       f.ddr = bd_chain(g * n, {MB, NB, KB, k, n}, {0, GN * n, k * N, N, 1}, d.max_dims);
     l.fifos.push_back(std::move(f));
@@ -154,8 +165,54 @@ void gemm_bf16_kernel(WorkerContext& ctx) {
   }
 }
 
+// C (fp32) += A . B with B an n x k/32 tile of GGML blocks (rows of B[N, K]): per 32-deep
+// block, the block's integers (exact in bf16) times A on the mmul (exact products, fp32 sums),
+// then each output column scaled by its row's block scale and added into C.
+void gemm_blocks_kernel(WorkerContext& ctx) {
+  const auto& p = ctx.params();
+  const int64_t m = p["m"], k = p["k"], n = p["n"], kb = p["k_blocks"], tiles = p["tiles"];
+  const int A = ctx.fifo(p["a_fifo"]), B = ctx.fifo(p["b_fifo"]), C = ctx.fifo(p["c_fifo"]);
+  const int64_t sub = k / kBlockValues;  // blocks per k block
+  std::vector<float> a32(size_t(m * kBlockValues)), v(size_t(n * kBlockValues)), scale(static_cast<size_t>(n)), acc(static_cast<size_t>(n));
+  for (int64_t t = 0; t < tiles; ++t) {
+    float* c = ctx.acquire(C).f32();
+    std::fill_n(c, m * n, 0.0f);
+    for (int64_t q = 0; q < kb; ++q) {
+      const uint16_t* a = ctx.acquire(A).bf16();
+      const ObjectRef bo = ctx.acquire(B);
+      const uint8_t* b = bo.blocks(bo.type);
+      const int64_t bytes = elem_bytes(bo.type);
+      for (int64_t s = 0; s < sub; ++s) {
+        for (int64_t j = 0; j < n; ++j) {  // unpack column j's block s
+          const BlockTerms bt = unpack_block(bo.type, b + (j * sub + s) * bytes);
+          scale[size_t(j)] = bt.scale;
+          for (int l = 0; l < kBlockValues; ++l) v[size_t(j * kBlockValues + l)] = float(bt.v[l]);
+        }
+        for (int64_t i = 0; i < m; ++i) bf16_to_f32(a + i * k + s * kBlockValues, a32.data() + i * kBlockValues, kBlockValues);
+        for (int64_t i = 0; i < m; ++i) {
+          const float* ai = a32.data() + i * kBlockValues;
+          for (int64_t j = 0; j < n; ++j) {
+            const float* vj = v.data() + j * kBlockValues;
+            float sum = 0;
+            for (int l = 0; l < kBlockValues; ++l) sum += ai[l] * vj[l];
+            acc[size_t(j)] = sum;
+          }
+          float* ci = c + i * n;
+          for (int64_t j = 0; j < n; ++j) ci[j] += scale[size_t(j)] * acc[size_t(j)];
+        }
+      }
+      ctx.release(A);
+      ctx.release(B);
+    }
+    ctx.release(C);
+  }
+}
+
 }  // namespace
 
-void register_gemm_kernels(Engine& engine) { engine.register_kernel("gemm_bf16", gemm_bf16_kernel); }
+void register_gemm_kernels(Engine& engine) {
+  engine.register_kernel("gemm_bf16", gemm_bf16_kernel);
+  engine.register_kernel("gemm_blocks", gemm_blocks_kernel);
+}
 
 }  // namespace tessera::npusim

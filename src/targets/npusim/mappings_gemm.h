@@ -32,6 +32,11 @@ struct GemmOptions {
   std::string name = "gemm";
   ElemType c_type = ElemType::BF16;
   bool b_nk = false;  // B is [N, K] (a Linear weight), read as n x k tiles
+  // B's element type: a GGML block type (weight_blocks.h) moves B as [N, K/32]
+  // blocks, n rows x k/32 blocks per L1 object (k a multiple of 32), and the workers run
+  // gemm_blocks: per 32-deep block, A times the block's integers on the bf16 mmul, the fp32
+  // product scaled per output column by the block's scale, then added into C.
+  ElemType b_type = ElemType::BF16;
   int depth = 2;      // L1 ring depth of A, B and C
   std::string a = "A", b = "B", c = "C";  // DDR tensor names
 };
@@ -40,7 +45,7 @@ struct GemmOptions {
 // not fit the device's columns and rows (the checker then judges memories and DMA).
 Launch gemm_launch(const GemmShape& shape, const GemmTiles& tiles, const GemmHerd& herd, const Device& device,
                    const GemmOptions& opt = {});
-// Registers the kernel the GEMM workers run ("gemm_bf16").
+// Registers the kernels the GEMM workers run ("gemm_bf16", "gemm_blocks").
 void register_gemm_kernels(Engine& engine);
 
 }  // namespace tessera::npusim

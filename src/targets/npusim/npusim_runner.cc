@@ -101,10 +101,21 @@ NpuSimRunner::NpuSimRunner(const Model& model, const TargetOptions& options)
       threads_(options.threads > 0 ? options.threads : default_threads()) {
   executor_ = std::make_unique<npusim::ProgramExecutor>(device_, threads_);
   host_pool_ = std::make_unique<cpu::ThreadPool>(threads_);
-  weights_ = std::make_unique<Bf16WeightStore>(
+  weights_ = std::make_unique<npusim::NpuWeightStore>(
       [this](int64_t n, const std::function<void(int64_t, int64_t)>& body) { host_pool_->parallel_for(n, body); });
   const ModelSpec& s = model.spec();
-  load_matrices(*weights_);
+  {
+    // Each weight buffer's matrices over the layers (its format must hold in every layer).
+    std::map<std::string, std::vector<const Weight*>> by_buffer;
+    for (int64_t l = 0; l < s.n_layers; ++l) {
+      const LayerParams& L = layer(l);
+      for (const auto& [n, w] : {std::pair{"w.q", L.q}, {"w.k", L.k}, {"w.v", L.v}, {"w.o", L.o},
+                                 {"w.gate", L.gate}, {"w.up", L.up}, {"w.down", L.down}})
+        by_buffer[n].push_back(w);
+    }
+    by_buffer["w.lm_head"].push_back(&model.lm_head());
+    weights_->load(by_buffer, model.get("model.embed_tokens.weight"));
+  }
   kv_.resize(size_t(s.n_layers));
 
   // The faults, as mapping bugs of one op's launches or a wait the merge forgets.
@@ -131,11 +142,26 @@ std::string NpuSimRunner::isa() const { return "aie2p (modelled)"; }
 oracle::Numerics NpuSimRunner::numerics(Stage s, int64_t T, int64_t) const {
   using oracle::Precision;
   oracle::Numerics n;
-  n.weights = n.matmul_inputs = Precision::BF16;  // the weight store is bf16 wherever it runs
+  n.weights = n.matmul_inputs = Precision::BF16;  // bf16 weights, wherever they run
+  // A projection whose every matrix runs in the file's blocks computes with the oracle's exact
+  // weights (weight_blocks.h); one bf16 matrix makes the stage declare bf16, the larger error.
+  std::vector<std::string> bufs;
+  switch (s) {
+    case Stage::QkvProj: bufs = {"w.q", "w.k", "w.v"}; break;
+    case Stage::OProj: bufs = {"w.o"}; break;
+    case Stage::GateUpProj: bufs = {"w.gate", "w.up"}; break;
+    case Stage::DownProj: bufs = {"w.down"}; break;
+    case Stage::LmHead: bufs = {"w.lm_head"}; break;
+    default: break;
+  }
+  bool exact = !bufs.empty();
+  for (const std::string& b : bufs) exact &= is_block(weights_->formats().of(b));
+  if (exact) n.weights = Precision::F32;
   const Placement p = where(s, T);
   if (p == Placement::Host) {
     n.name = "npusim host (fp32)";
     n.kv_cache = Precision::BF16;
+    if (exact) n.matmul_inputs = Precision::F32;  // the host upcasts the blocks (oracle::linear)
     return n;
   }
   // On the array (npusim/numerics.h): bf16 in and out of every tile, fp32 accumulators,
@@ -162,7 +188,12 @@ oracle::Numerics NpuSimRunner::numerics(Stage s, int64_t T, int64_t) const {
   return n;
 }
 
-int64_t NpuSimRunner::weight_bytes_per_token() const { return decode_weight_bytes(*weights_); }
+int64_t NpuSimRunner::weight_bytes_per_token() const {
+  int64_t bytes = 0;  // every layer's seven and the LM head, as DDR holds them
+  for (const Weight* w : matrix_weights())
+    if (w->name != "model.embed_tokens.weight" || w == &model_.lm_head()) bytes += weights_->bytes(w->name);
+  return bytes;
+}
 
 int64_t NpuSimRunner::kv_bytes_per_position() const { return spec().n_layers * 2 * spec().kv_dim() * 2; }
 
@@ -170,10 +201,10 @@ PassFigure NpuSimRunner::measure(Pass pass) {
   PassFigure f;
   f.predicted = true;
   if (pass == Pass::Prefill) {
-    f.seconds = npusim::predict_prefill(plan_, spec(), device_, prefill_tokens()).total_us / 1e6;
+    f.seconds = npusim::predict_prefill(plan_, spec(), device_, prefill_tokens(), weight_formats()).total_us / 1e6;
     f.what = fmt::format("predicted prefill of {} tokens on {}", prefill_tokens(), device_.name);
   } else {
-    f.seconds = npusim::predict_decode(plan_, spec(), device_, decode_context()).total_us / 1e6;
+    f.seconds = npusim::predict_decode(plan_, spec(), device_, decode_context(), weight_formats()).total_us / 1e6;
     f.what = fmt::format("predicted decode step at context {} on {}", decode_context(), device_.name);
   }
   return f;
@@ -181,8 +212,8 @@ PassFigure NpuSimRunner::measure(Pass pass) {
 
 nlohmann::json NpuSimRunner::predicted_figures() const {
   const int64_t T = prefill_tokens(), C = decode_context();
-  const npusim::PassPrediction p = npusim::predict_prefill(plan_, spec(), device_, T);
-  const npusim::PassPrediction d = npusim::predict_decode(plan_, spec(), device_, C);
+  const npusim::PassPrediction p = npusim::predict_prefill(plan_, spec(), device_, T, weight_formats());
+  const npusim::PassPrediction d = npusim::predict_decode(plan_, spec(), device_, C, weight_formats());
   return {{"device", device_.name},
           {"plan", plan_.name},
           {"prefill_tokens", T},
@@ -210,7 +241,7 @@ std::map<std::string, int64_t> NpuSimRunner::op_counters() const {
 std::string NpuSimRunner::handover(Stage from, Stage to, int64_t T) const {
   // The plan lowered at this pass's shape: the dispatch holding both steps on the NPU and the
   // buffer the consumer's launches read that the producer's write.
-  const npusim::Program p = npusim::lower(plan_, spec(), device_, {T == 1, T, 0, 1}, lowering_faults_);
+  const npusim::Program p = npusim::lower(plan_, spec(), device_, {T == 1, T, 0, 1}, lowering_faults_, weight_formats());
   const npusim::Program::Where a = p.find(from), b = p.find(to);
   if (p.dispatches[a.dispatch].host) return "";
   const npusim::ProgramDispatch& d = p.dispatches[a.dispatch];
@@ -238,7 +269,7 @@ std::string NpuSimRunner::handover(Stage from, Stage to, int64_t T) const {
 std::string NpuSimRunner::shared_memory(Stage consumer, int64_t T) const {
   // The plan lowered at this pass's shape; the consumer's L2 inputs against every L2 buffer a
   // launch writes between the input's last write and the consumer's read.
-  const npusim::Program p = npusim::lower(plan_, spec(), device_, {T == 1, T, 0, 1}, lowering_faults_);
+  const npusim::Program p = npusim::lower(plan_, spec(), device_, {T == 1, T, 0, 1}, lowering_faults_, weight_formats());
   const npusim::Program::Where where = p.find(consumer);
   const npusim::ProgramDispatch& d = p.dispatches[where.dispatch];
   if (d.host) return "";
@@ -288,11 +319,10 @@ nlohmann::json NpuSimRunner::build_plan(const Model& model) const {
   plan["model"] = {{"path", model.path()}, {"format", model.format()}, {"arch", arch_name(s.arch)}, {"spec", s.to_json()}};
   plan["description"] = description();
   plan["npusim"] = {{"device", device_.name}, {"plan", plan_.to_json()}, {"host_threads", threads_}};
-  plan["weights"] = {{"dtype", "bf16"},
-                     {"mapped_bytes", weights_->mapped_bytes()},
-                     {"converted_bytes", weights_->owned_bytes()},
-                     {"residency", plan_.weights_resident ? "resident in device memory per layer"
-                                                          : "sent with every call"}};
+  plan["weights"] = weights_->to_json();
+  plan["weights"]["residency"] = plan_.weights_resident ? "resident in device memory per layer" : "sent with every call";
+  // What the lowering takes (and the tile-tune skill reads): each weight buffer's format.
+  plan["npusim"]["weight_formats"] = weight_formats().to_json();
   plan["kv_cache"] = {{"dtype", "bf16"}, {"layout", "per layer, one [K | V] row per position"},
                       {"bytes_per_position", kv_bytes_per_position()}};
   // The grouping in the pipeline's generic form: every dispatch of each pass, in order,
@@ -339,7 +369,7 @@ void NpuSimRunner::end_pass() {
 std::shared_ptr<const npusim::Program> NpuSimRunner::program(const npusim::PassShape& shape) {
   if (auto it = programs_.find(shape); it != programs_.end()) return it->second;
   if (programs_.size() >= 8) programs_.clear();  // decode lowers one per context: keep a few
-  auto p = std::make_shared<const npusim::Program>(npusim::lower(plan_, spec(), device_, shape, lowering_faults_));
+  auto p = std::make_shared<const npusim::Program>(npusim::lower(plan_, spec(), device_, shape, lowering_faults_, weight_formats()));
   programs_[shape] = p;
   return p;
 }
@@ -355,7 +385,7 @@ NpuSimRunner::StepRef NpuSimRunner::step_for(Stage s, int64_t rows, int64_t cont
     if (kernel_programs_.size() >= 64) kernel_programs_.clear();
     it = kernel_programs_
              .emplace(key, std::make_shared<const npusim::Program>(
-                               npusim::lower_stage(plan_, s, spec(), device_, shape, lowering_faults_)))
+                               npusim::lower_stage(plan_, s, spec(), device_, shape, lowering_faults_, weight_formats())))
              .first;
   }
   return {it->second, it->second->find(s), false};
@@ -408,7 +438,7 @@ const uint16_t* NpuSimRunner::bf16_copy(const float* p, int64_t n) {
 // --- kernels -----------------------------------------------------------------------------
 
 void NpuSimRunner::kernel_embedding(const int32_t* ids, int64_t T, float* out) {
-  const Bf16Matrix& e = weights_->get("model.embed_tokens.weight");
+  const Bf16Matrix& e = weights_->bf16("model.embed_tokens.weight");
   if (on_host(Stage::Embedding, T, 0)) {
     for (int64_t t = 0; t < T; ++t)
       for (int64_t c = 0; c < e.cols; ++c) out[t * e.cols + c] = bf16_to_f32(e.data[int64_t(ids[t]) * e.cols + c]);
@@ -444,10 +474,13 @@ void NpuSimRunner::kernel_linear(Stage s, const float* x, int64_t T, const std::
 
 void NpuSimRunner::kernel_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) {
   const std::string in = s == Stage::OProj ? "attn" : s == Stage::DownProj ? "act" : s == Stage::LmHead ? "xf" : "x";
-  const int64_t K = weights_->get(outs[0].weight).cols;
+  const int64_t K = weights_->cols(outs[0].weight);
   if (on_host(s, T, 0)) {
     host_reads(in.c_str(), x, T * K);
-    for (const LinearOut& o : outs) cpu::matmul(x, T, weights_->get(o.weight), o.bias, o.y, *host_pool_);
+    for (const LinearOut& o : outs) {
+      if (weights_->in_blocks(o.weight)) oracle::linear(x, T, model_.get(o.weight), o.bias, o.y, threads_);  // exact upcast
+      else cpu::matmul(x, T, weights_->bf16(o.weight), o.bias, o.y, *host_pool_);
+    }
     return;
   }
   npusim::StepArgs a;
@@ -459,14 +492,14 @@ void NpuSimRunner::kernel_linears(Stage s, const float* x, int64_t T, std::span<
                             : s == Stage::LmHead ? false : sp.mlp_bias;
   std::set<std::string> outputs;
   for (const LinearOut& o : outs) {
-    const Bf16Matrix& w = weights_->get(o.weight);
+    const int64_t rows = weights_->rows(o.weight);
     const std::string y = s == Stage::LmHead ? "logits" : projection_output(o.weight);
-    a.host[y] = host(o.y, T * w.rows);
-    a.external[s == Stage::LmHead ? "w.lm_head" : "w." + y] = bf16_view(w.data, w.rows * w.cols);
+    a.host[y] = host(o.y, T * rows);
+    a.external[s == Stage::LmHead ? "w.lm_head" : "w." + y] = weights_->view(o.weight);
     if (lowered_bias) {
       std::vector<float> zeros;
-      if (!o.bias) zeros.assign(size_t(w.rows), 0.0f);
-      a.external["b." + y] = bf16_view(bf16_copy(o.bias ? o.bias : zeros.data(), w.rows), w.rows);
+      if (!o.bias) zeros.assign(size_t(rows), 0.0f);
+      a.external["b." + y] = bf16_view(bf16_copy(o.bias ? o.bias : zeros.data(), rows), rows);
     }
     outputs.insert(y);
   }

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "targets/bf16_weights.h"
+#include "targets/npusim/npusim_weights.h"
 #include "targets/layered_runner.h"
 #include "targets/npusim/device.h"
 #include "targets/npusim/plans.h"
@@ -65,6 +65,9 @@ class NpuSimRunner final : public LayeredRunner {
 
   const npusim::Device& device() const { return device_; }
   const npusim::NpuPlan& plan() const { return plan_; }
+  // Each weight buffer's format on the array (quantized blocks or bf16): what lower() takes.
+  const npusim::WeightFormats& weight_formats() const { return weights_->formats(); }
+  const npusim::NpuWeightStore& weights() const { return *weights_; }
   // The plan lowered at `shape` (cached), as the runner executes it.
   std::shared_ptr<const npusim::Program> program(const npusim::PassShape& shape);
   // The timing of the last forward pass as it ran: every dispatch call priced with the
@@ -126,7 +129,7 @@ class NpuSimRunner final : public LayeredRunner {
   std::shared_ptr<const npusim::Program> pass_;  // the pass being run
   npusim::PassPrediction last_pass_;
   std::unique_ptr<cpu::ThreadPool> host_pool_;
-  std::unique_ptr<Bf16WeightStore> weights_;
+  std::unique_ptr<npusim::NpuWeightStore> weights_;
   std::vector<std::vector<uint16_t>> kv_;  // per layer: rows of [K | V], bf16
   std::map<Stage, int64_t> host_calls_;
   int64_t host_softmax_calls_ = 0;

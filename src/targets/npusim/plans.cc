@@ -160,7 +160,7 @@ bool NpuPlan::shares_dispatch(Stage a, Stage b, bool decode_step) const {
 }
 
 GemvTiles NpuPlan::gemv_tiles_for(const GemvShape& s, const Device& d) const {
-  if (auto it = gemv_tiles.find({s.N, s.K}); it != gemv_tiles.end()) return it->second;
+  if (auto it = gemv_tiles.find({s.N, s.K, s.w}); it != gemv_tiles.end()) return it->second;
   return default_gemv_tiles(s, d);
 }
 
@@ -177,9 +177,11 @@ nlohmann::json NpuPlan::to_json() const {
                       {"intermediates_on_device", intermediates_on_device},
                       {"zero_copy", zero_copy}};
   nlohmann::json gemv = nlohmann::json::array();
-  for (const auto& [shape, t] : gemv_tiles)
-    gemv.push_back({{"N", shape.first}, {"K", shape.second}, {"rb", t.rb}, {"kc", t.kc}, {"cols", t.herd.cols},
-                    {"rows", t.herd.rows}});
+  for (const auto& [shape, t] : gemv_tiles) {
+    gemv.push_back({{"N", std::get<0>(shape)}, {"K", std::get<1>(shape)}, {"rb", t.rb}, {"kc", t.kc},
+                    {"cols", t.herd.cols}, {"rows", t.herd.rows}});
+    if (std::get<2>(shape) != ElemType::BF16) gemv.back()["w"] = elem_type_name(std::get<2>(shape));
+  }
   j["tiles"] = {{"gemv", gemv}};
   for (const auto& [key, pass] : {std::pair{"prefill", &prefill}, std::pair{"decode", &decode}}) {
     j[key] = {{"embedding", dispatches_json(pass->embedding)},
@@ -205,7 +207,8 @@ NpuPlan plan_from_json(const nlohmann::json& j) {
                           Herd{t.at("cols").get<int>(), t.at("rows").get<int>()}};
         if (g.rb < 1 || g.kc < 1 || g.herd.cols < 1 || g.herd.rows < 1)
           fail("npusim plan: GEMV tiles for {}x{} must be positive", t.at("N").get<int64_t>(), t.at("K").get<int64_t>());
-        p.gemv_tiles[{t.at("N").get<int64_t>(), t.at("K").get<int64_t>()}] = g;
+        p.gemv_tiles[{t.at("N").get<int64_t>(), t.at("K").get<int64_t>(),
+                      elem_type_from_name(t.value("w", std::string("bf16")))}] = g;
       }
     for (const auto& [key, pass] : {std::pair{"prefill", &p.prefill}, std::pair{"decode", &p.decode}}) {
       pass->embedding = dispatches_from_json(j.at(key).at("embedding"));

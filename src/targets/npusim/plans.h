@@ -19,6 +19,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -55,9 +56,10 @@ struct NpuPlan {
   bool weights_resident = false;         // weights kept in device memory across calls
   bool intermediates_on_device = false;  // buffers between a dispatch's launches never synced
   bool zero_copy = false;                // host buffers mapped, not copied
-  // GEMV tiles by weight shape (N, K), set by tile-tune; a shape not listed runs the
-  // mapping's default tiles. Not for L1-resident weights (loaded once: nothing to tune).
-  std::map<std::pair<int64_t, int64_t>, GemvTiles> gemv_tiles;
+  // GEMV tiles by weight shape (N, K) and the weight's element type (a quantized weight's
+  // best tiles differ), set by tile-tune; a shape not listed runs the mapping's default
+  // tiles. Not for L1-resident weights (loaded once: nothing to tune).
+  std::map<std::tuple<int64_t, int64_t, ElemType>, GemvTiles> gemv_tiles;
   GemvTiles gemv_tiles_for(const GemvShape& s, const Device& d) const;
 
   const Pass& pass(bool decode_step) const { return decode_step ? decode : prefill; }

@@ -89,14 +89,16 @@ void add_dispatch_call(PassPrediction& p, const ProgramDispatch& pd, std::vector
   account(p, e);
 }
 
-PassPrediction predict_prefill(const NpuPlan& plan, const ModelSpec& spec, const Device& device, int64_t tokens) {
+PassPrediction predict_prefill(const NpuPlan& plan, const ModelSpec& spec, const Device& device, int64_t tokens,
+                               const WeightFormats& formats) {
   if (tokens < 1) fail("npusim predict: prefill needs at least one token");
-  return price(lower(plan, spec, device, {false, tokens, 0, 1}), device);
+  return price(lower(plan, spec, device, {false, tokens, 0, 1}, {}, formats), device);
 }
 
-PassPrediction predict_decode(const NpuPlan& plan, const ModelSpec& spec, const Device& device, int64_t context) {
+PassPrediction predict_decode(const NpuPlan& plan, const ModelSpec& spec, const Device& device, int64_t context,
+                              const WeightFormats& formats) {
   if (context < 0) fail("npusim predict: negative context");
-  return price(lower(plan, spec, device, {true, 1, context, 1}), device);
+  return price(lower(plan, spec, device, {true, 1, context, 1}, {}, formats), device);
 }
 
 nlohmann::json PassPrediction::to_json() const {

@@ -53,7 +53,10 @@ void add_dispatch_call(PassPrediction& p, const ProgramDispatch& dispatch, std::
 
 // Prefill of `tokens` tokens from an empty cache (the head on the last row), or one decode
 // step at `context`: price(lower(...)) in steady state.
-PassPrediction predict_prefill(const NpuPlan& plan, const ModelSpec& spec, const Device& device, int64_t tokens);
-PassPrediction predict_decode(const NpuPlan& plan, const ModelSpec& spec, const Device& device, int64_t context);
+// `formats`: the weights' element types (a quantized checkpoint's blocks; default bf16).
+PassPrediction predict_prefill(const NpuPlan& plan, const ModelSpec& spec, const Device& device, int64_t tokens,
+                               const WeightFormats& formats = {});
+PassPrediction predict_decode(const NpuPlan& plan, const ModelSpec& spec, const Device& device, int64_t context,
+                              const WeightFormats& formats = {});
 
 }  // namespace tessera::npusim

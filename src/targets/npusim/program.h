@@ -117,6 +117,18 @@ struct Program {
   nlohmann::json to_json() const;
 };
 
+// The element type each weight buffer holds ("w.q", "w.k", "w.v", "w.o", "w.gate", "w.up",
+// "w.down", "w.lm_head"): bf16 unless listed. A block type (spatial.h: Q4_0, Q8_0) lowers the
+// projection's GEMV and GEMM on the file's blocks (W4A16, W8A16); its DMA moves blocks and its
+// workers unpack them (weight_blocks.h). One type per buffer for every layer: the layer's
+// dispatches are lowered once.
+struct WeightFormats {
+  std::map<std::string, ElemType> by_buffer;
+  ElemType of(const std::string& buffer) const;
+  nlohmann::json to_json() const;                         // {"w.q": "q4_0", ...} (bf16 left out)
+  static WeightFormats from_json(const nlohmann::json& j);  // null or {}: every weight bf16
+};
+
 // Faults of the lowering itself (the target's own mapping faults), applied as the Program is
 // built: mapping faults per op kind ("gemv", "gemm", "rmsnorm", "rope", "attention",
 // "silu_mul", "add", "embedding" or "*"), and a merge that forgets one wait.
@@ -136,11 +148,11 @@ struct LoweringFaults {
 
 // The one lowering: `plan`'s pass for `spec` at `shape` on `device`.
 Program lower(const NpuPlan& plan, const ModelSpec& spec, const Device& device, const PassShape& shape,
-              const LoweringFaults& faults = {});
+              const LoweringFaults& faults = {}, const WeightFormats& formats = {});
 // One stage as a kernel program of its own (one dispatch, one step, placed as `plan` places
 // it, every buffer synced): how phase 1 runs a kernel by itself.
 Program lower_stage(const NpuPlan& plan, Stage stage, const ModelSpec& spec, const Device& device,
-                    const PassShape& shape, const LoweringFaults& faults = {});
+                    const PassShape& shape, const LoweringFaults& faults = {}, const WeightFormats& formats = {});
 
 // Rows of KV cache a layer needs for `positions` positions (whole key tiles of the default
 // attention tiling).

@@ -16,10 +16,12 @@
 #include <fmt/ranges.h>
 
 #include <map>
+#include <tuple>
 
 #include "targets/npusim/device.h"
 #include "targets/npusim/npusim_runner.h"
 #include "targets/npusim/plans.h"
+#include "targets/npusim/program.h"
 #include "targets/npusim/timing.h"
 
 namespace tessera {
@@ -132,27 +134,33 @@ std::vector<PlanRewrite> propose_zero_copy(const nlohmann::json& plan, Pass, std
   return {rewrite(plan, np, "host buffers mapped zero-copy")};
 }
 
-// The GEMVs a pass runs on the NPU, by weight shape (N, K), with the op names.
-std::map<std::pair<int64_t, int64_t>, std::string> pass_gemvs(const nlohmann::json& plan, const NpuPlan& np, Pass pass) {
+// The GEMVs a pass runs on the NPU, by weight shape (N, K) and format (the plan's
+// npusim.weight_formats: a quantized checkpoint's blocks), with the op names.
+using GemvKey = std::tuple<int64_t, int64_t, npusim::ElemType>;
+std::map<GemvKey, std::string> pass_gemvs(const nlohmann::json& plan, const NpuPlan& np, Pass pass) {
   const nlohmann::json& spec = plan.at("model").at("spec");
   const int64_t H = spec.at("hidden_size"), I = spec.at("intermediate_size"), hd = spec.at("head_dim"),
                 Q = hd * spec.at("num_attention_heads").get<int64_t>(),
                 KV = hd * spec.at("num_key_value_heads").get<int64_t>(), V = spec.at("vocab_size");
+  const npusim::WeightFormats formats =
+      npusim::WeightFormats::from_json(plan.at("npusim").value("weight_formats", nlohmann::json()));
   const bool decode = pass == Pass::Decode;
-  std::map<std::pair<int64_t, int64_t>, std::string> out;
-  auto add = [&](Stage st, std::pair<int64_t, int64_t> shape, const char* name) {
+  std::map<GemvKey, std::string> out;
+  auto add = [&](Stage st, int64_t N, int64_t K, const char* buffer, const char* name) {
     if (np.placement(st, decode) != Placement::Npu) return;
-    std::string& names = out[shape];
+    std::string& names = out[{N, K, formats.of(buffer)}];
     names += (names.empty() ? "" : "/") + std::string(name);
   };
   if (decode) {  // prefill runs its projections as GEMMs
-    add(Stage::QkvProj, {Q, H}, "q_proj");
-    add(Stage::QkvProj, {KV, H}, "k_proj/v_proj");
-    add(Stage::OProj, {H, Q}, "o_proj");
-    add(Stage::GateUpProj, {I, H}, "gate_proj/up_proj");
-    add(Stage::DownProj, {H, I}, "down_proj");
+    add(Stage::QkvProj, Q, H, "w.q", "q_proj");
+    add(Stage::QkvProj, KV, H, "w.k", "k_proj");
+    add(Stage::QkvProj, KV, H, "w.v", "v_proj");
+    add(Stage::OProj, H, Q, "w.o", "o_proj");
+    add(Stage::GateUpProj, I, H, "w.gate", "gate_proj");
+    add(Stage::GateUpProj, I, H, "w.up", "up_proj");
+    add(Stage::DownProj, H, I, "w.down", "down_proj");
   }
-  add(Stage::LmHead, {V, H}, "lm_head");  // one row in both passes
+  add(Stage::LmHead, V, H, "w.lm_head", "lm_head");  // one row in both passes
   return out;
 }
 
@@ -161,15 +169,15 @@ std::vector<PlanRewrite> propose_tile_tune(const nlohmann::json& plan, Pass pass
   const npusim::Device d = npusim::load_device(plan.at("npusim").at("device").get<std::string>());
   std::vector<std::string> changes;
   for (const auto& [shape, names] : pass_gemvs(plan, np, pass)) {
-    const npusim::GemvShape s{shape.first, shape.second};
+    const npusim::GemvShape s{std::get<0>(shape), std::get<1>(shape), false, std::get<2>(shape)};
     const npusim::GemvTiles now = np.gemv_tiles_for(s, d);
     const npusim::GemvTiles best = npusim::tune_gemv_tiles(s, d);
     const double now_us = npusim::time_launch(npusim::gemv_launch(s, now, d), d).total_us;
     const double best_us = npusim::time_launch(npusim::gemv_launch(s, best, d), d).total_us;
     if (!(best_us < now_us)) continue;
     np.gemv_tiles[shape] = best;
-    changes.push_back(fmt::format("{} {}x{} rb {} kc {} on {}x{} -> rb {} kc {} on {}x{} ({:.1f} -> {:.1f} us)", names,
-                                  s.N, s.K, now.rb, now.kc, now.herd.cols, now.herd.rows, best.rb, best.kc,
+    changes.push_back(fmt::format("{} {}x{}{} rb {} kc {} on {}x{} -> rb {} kc {} on {}x{} ({:.1f} -> {:.1f} us)", names,
+                                  s.N, s.K, npusim::is_block(s.w) ? std::string(" ") + npusim::elem_type_name(s.w) : "", now.rb, now.kc, now.herd.cols, now.herd.rows, best.rb, best.kc,
                                   best.herd.cols, best.herd.rows, now_us, best_us));
   }
   if (changes.empty()) {

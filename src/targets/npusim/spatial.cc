@@ -9,8 +9,31 @@
 
 namespace tessera::npusim {
 
-int elem_bytes(ElemType t) { return t == ElemType::BF16 ? 2 : 4; }
-const char* elem_type_name(ElemType t) { return t == ElemType::BF16 ? "bf16" : "f32"; }
+int elem_bytes(ElemType t) {
+  switch (t) {
+    case ElemType::BF16: return 2;
+    case ElemType::F32: return 4;
+    case ElemType::Q4_0: return 2 + 16;  // f16 d, 32 4-bit values
+    case ElemType::Q8_0: return 2 + 32;  // f16 d, 32 int8 values
+  }
+  return 0;
+}
+const char* elem_type_name(ElemType t) {
+  switch (t) {
+    case ElemType::BF16: return "bf16";
+    case ElemType::F32: return "f32";
+    case ElemType::Q4_0: return "q4_0";
+    case ElemType::Q8_0: return "q8_0";
+  }
+  return "?";
+}
+bool is_block(ElemType t) { return t == ElemType::Q4_0 || t == ElemType::Q8_0; }
+int block_values(ElemType t) { return is_block(t) ? 32 : 1; }
+ElemType elem_type_from_name(const std::string& name) {
+  for (ElemType t : {ElemType::BF16, ElemType::F32, ElemType::Q4_0, ElemType::Q8_0})
+    if (name == elem_type_name(t)) return t;
+  fail("npusim: no element type '{}' (bf16, f32, q4_0, q8_0)", name);
+}
 
 const char* fifo_dir_name(FifoDir d) { return d == FifoDir::Fill ? "fill" : "drain"; }
 const char* fifo_kind_name(FifoKind k) {

@@ -20,9 +20,16 @@
 
 namespace tessera::npusim {
 
-enum class ElemType { BF16, F32 };
-int elem_bytes(ElemType t);
-const char* elem_type_name(ElemType t);  // "bf16", "f32"
+// What a fifo moves and a DDR tensor holds. BF16 and F32 are values; Q4_0 and Q8_0 are
+// GGML blocks of 32 weights (an f16 scale, then 16 bytes of 4-bit or 32 of int8 values), moved
+// as the file holds them (W4A16, W8A16): one element of such a type is one block, so access
+// patterns, objects and tensors count blocks and bytes are blocks x 18 or 34.
+enum class ElemType { BF16, F32, Q4_0, Q8_0 };
+int elem_bytes(ElemType t);               // bytes per element (per block for block types)
+const char* elem_type_name(ElemType t);  // "bf16", "f32", "q4_0", "q8_0"
+bool is_block(ElemType t);                // a GGML block format
+int block_values(ElemType t);             // values per element: 32 for block types, else 1
+ElemType elem_type_from_name(const std::string& name);  // throws naming the types
 
 // An n-D access pattern as one buffer descriptor expresses it (IRON TensorAccessPattern):
 // elements visited in the order of `sizes` (outermost first) with `strides` (elements) from
