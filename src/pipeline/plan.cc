@@ -28,7 +28,10 @@ std::string plan_markdown(const nlohmann::json& plan, const nlohmann::json& stat
     md += fmt::format("- weights: {}, {}; {} bytes mapped, {} bytes converted\n", weights.value("dtype", "bf16"),
                       weights["residency"].get<std::string>(), weights["mapped_bytes"].get<int64_t>(),
                       weights["converted_bytes"].get<int64_t>());
-  else if (!weights.empty())
+  else if (weights.contains("held")) {  // npusim: how each weight buffer is held (blocks or bf16) and why
+    md += fmt::format("- weights: {}\n", weights.value("residency", "?"));
+    for (const auto& [buffer, how] : weights["held"].items()) md += fmt::format("  - `{}`: {}\n", buffer, how.get<std::string>());
+  } else if (!weights.empty())
     md += fmt::format("- weights: {}, {}\n", weights.value("dtype", "?"), weights.value("residency", "?"));
   size_t n_ops = 0;
   for (const auto& d : plan["dispatches"]) n_ops += d["ops"].size();
