@@ -364,7 +364,7 @@ const std::array<PackedFn, 4> kPacked[kPMR] = {packed_row<1>(), packed_row<2>(),
 // tokens x 32 bf16 of the activations as they are, a C tile 16 tokens x 16 rows in fp32.
 // One block: 32 tokens x 32 rows (C tiles 0-3, A tiles 4-5, B tiles 6-7), each k step four
 // tile products of 16 x 16 x 32. Tokens past T and groups past the panel's rows compute
-// garbage lanes that are never stored (activations are allocated in whole blocks of 32 rows).
+// garbage lanes that are never stored (the activations have 32 rows to spare past T).
 constexpr int kAmxTokens = 32;
 struct alignas(64) AmxConfig {
   uint8_t palette = 1;
