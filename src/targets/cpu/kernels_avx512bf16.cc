@@ -521,12 +521,6 @@ TS_BF16_INLINE __m512 scales_i8(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
-// The block types' shared shapes: a per-row min added (Q4_1, Q5_1), the K-quants' 6-bit
-// sub-block scales and subtracted mins (Q4_K, Q5_K), a fifth bit (Q5_0, Q5_1, Q5_K).
-constexpr bool has_min(DType t) { return t == DType::Q4_1 || t == DType::Q5_1; }
-constexpr bool k_scales(DType t) { return t == DType::Q4_K || t == DType::Q5_K; }
-constexpr bool fifth_bit(DType t) { return t == DType::Q5_0 || t == DType::Q5_1 || t == DType::Q5_K; }
-
 // Value vectors 2c and 2c + 1 of chunk j (32 values) of a tile: unsigned bytes, q + offset,
 // 32-bit lane i holding four consecutive values of row i.
 template <DType kType>
@@ -541,7 +535,7 @@ TS_BF16_INLINE void value_vectors(const uint8_t* tile, int j, int c, __m512i& v0
     const __m512i v = _mm512_loadu_si512(tile + L.qs + j * 256 + 64 * c);
     v0 = _mm512_and_si512(v, low4);
     v1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-    if constexpr (fifth_bit(kType)) {
+    if constexpr (x16_fifth_bit(kType)) {
       const __m512i h = _mm512_loadu_si512(tile + L.qh + (kType == DType::Q5_K ? j * 64 : 0));
       v0 = _mm512_or_si512(v0, high_bits(h, 2 * c, 1));
       v1 = _mm512_or_si512(v1, high_bits(h, 2 * c + 1, 1));
@@ -606,13 +600,13 @@ TS_BF16 void gemv_x16(const Q8Row& x, const uint8_t* tiles, int64_t N, int64_t K
         for (int h = 0; h < (kHalves ? 2 : 1); ++h) {
           const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl[h]), lo_scale, _mm512_cvtepi32_ps(sh[h]));
           __m512 scale = d;
-          if constexpr (k_scales(kType)) scale = _mm512_mul_ps(d, scales_u8(tile + L.sc + j * 16));
+          if constexpr (x16_k_scales(kType)) scale = _mm512_mul_ps(d, scales_u8(tile + L.sc + j * 16));
           if constexpr (kType == DType::Q6_K) scale = _mm512_mul_ps(d, scales_i8(tile + L.sc + (2 * j + h) * 16));
           acc0 = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, xd), acc0);
         }
-        if constexpr (has_min(kType) || k_scales(kType)) {
+        if constexpr (x16_has_min(kType) || x16_k_scales(kType)) {
           const __m512 xsum = _mm512_set1_ps(x.d[size_t(xb)] * x.block_sum(xb));
-          if constexpr (has_min(kType)) {
+          if constexpr (x16_has_min(kType)) {
             const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + L.m)));
             acc1 = _mm512_fmadd_ps(m, xsum, acc1);
           } else {
@@ -668,9 +662,9 @@ __attribute__((optimize("fp-contract=off"))) TS_BF16 void dequant_group_bf16(con
     for (int j = 0; j < kChunks; ++j) {
       // Per row: value = scale * q (+ add), as the reader computes it for this type.
       __m512 scale[2] = {d, d}, add = _mm512_setzero_ps();
-      if constexpr (has_min(kType))
+      if constexpr (x16_has_min(kType))
         add = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + L.m)));
-      if constexpr (k_scales(kType)) {
+      if constexpr (x16_k_scales(kType)) {
         scale[0] = scale[1] = _mm512_mul_ps(d, scales_u8(tile + L.sc + j * 16));
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 32)));
         add = _mm512_mul_ps(dmin, scales_u8(tile + L.m + j * 16));  // subtracted
@@ -689,8 +683,8 @@ __attribute__((optimize("fp-contract=off"))) TS_BF16 void dequant_group_bf16(con
             const __m128i part = _mm_load_si128(reinterpret_cast<const __m128i*>(bytes + 16 * q));
             const __m512 qv = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(part)), off);
             __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(row_of[q], sc), qv);
-            if constexpr (has_min(kType)) v = _mm512_add_ps(v, _mm512_permutexvar_ps(row_of[q], add));
-            if constexpr (k_scales(kType)) v = _mm512_sub_ps(v, _mm512_permutexvar_ps(row_of[q], add));
+            if constexpr (x16_has_min(kType)) v = _mm512_add_ps(v, _mm512_permutexvar_ps(row_of[q], add));
+            if constexpr (x16_k_scales(kType)) v = _mm512_sub_ps(v, _mm512_permutexvar_ps(row_of[q], add));
             alignas(32) uint64_t four[4];  // rows 4q..4q+3, four bf16 values each
             _mm256_store_si256(reinterpret_cast<__m256i*>(four), (__m256i)_mm512_cvtneps_pbh(v));
             for (int r = 0; r < 4; ++r) std::memcpy(out + (4 * q + r) * ld + col, &four[r], 8);

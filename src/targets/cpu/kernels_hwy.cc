@@ -558,7 +558,7 @@ HWY_INLINE VI16 ValuePart(const uint8_t* tile, int j, int v, size_t at) {
   if constexpr (kType == DType::Q8_0) return hn::PromoteTo(d16, hn::LoadU(d8, tile + L.qs + v * 64 + at));
   const auto b = hn::LoadU(d8, tile + L.qs + j * 256 + (v / 2) * 64 + at);
   VI16 q = hn::PromoteTo(d16, (v & 1) ? hn::ShiftRight<4>(b) : hn::And(b, hn::Set(d8, uint8_t(0x0F))));
-  if constexpr (kType == DType::Q5_0 || kType == DType::Q5_1 || kType == DType::Q5_K) {
+  if constexpr (x16_fifth_bit(kType)) {
     const VI16 qh = hn::PromoteTo(d16, hn::LoadU(d8, tile + L.qh + (kType == DType::Q5_K ? j * 64 : 0) + at));
     q = hn::Or(q, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(qh, v), hn::Set(d16, int16_t(1)))));
   }
@@ -638,18 +638,18 @@ __attribute__((optimize("fp-contract=off"))) HWY_NOINLINE void GemvX16T(const Q8
             const VI32 dot_lo = hn::Add(hn::Add(hn::ConcatEven(d32, l1, l0), hn::ConcatOdd(d32, l1, l0)), hn::Set(d32, off_l));
             const VF dot = hn::Add(hn::ConvertTo(df, dot_hi), hn::Mul(hn::ConvertTo(df, dot_lo), inv_lo));
             VF scale = d[f];
-            if constexpr (kType == DType::Q4_K || kType == DType::Q5_K)
+            if constexpr (x16_k_scales(kType))
               scale = hn::Mul(d[f], BytesF32(tile + L.sc + j * 16 + f * NF));
             if constexpr (kType == DType::Q6_K)
               scale = hn::Mul(d[f], BytesF32(reinterpret_cast<const int8_t*>(tile + L.sc + (2 * j + h) * 16 + f * NF)));
             acc[f] = hn::Add(acc[f], hn::Mul(dot, hn::Mul(scale, hn::Set(df, xd))));
           }
         }
-        if constexpr (kType == DType::Q4_1 || kType == DType::Q5_1 || kType == DType::Q4_K || kType == DType::Q5_K) {
+        if constexpr (x16_has_min(kType) || x16_k_scales(kType)) {
           const VF xsum = hn::Set(df, xd * x.block_sum(xb));
           for (size_t f = 0; f < F; ++f) {
             VF m;
-            if constexpr (kType == DType::Q4_1 || kType == DType::Q5_1) m = HalfF32(tile + L.m + 2 * f * NF);
+            if constexpr (x16_has_min(kType)) m = HalfF32(tile + L.m + 2 * f * NF);
             else m = hn::Neg(hn::Mul(HalfF32(tile + 32 + 2 * f * NF), BytesF32(tile + L.m + j * 16 + f * NF)));
             acc_min[f] = hn::Add(acc_min[f], hn::Mul(m, xsum));
           }

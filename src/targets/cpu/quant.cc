@@ -230,13 +230,13 @@ void x16_gemv_rows(const Q8Row& x, DType t, const uint8_t* tiles, int64_t cols, 
           dot_lo += v * x.lo[size_t(b * n + k)];
         }
         float scale = d;
-        if (t == DType::Q4_K || t == DType::Q5_K) scale = d * float(tile[L.sc + (k0 / 32) * 16 + i]);
+        if (x16_k_scales(t)) scale = d * float(tile[L.sc + (k0 / 32) * 16 + i]);
         if (t == DType::Q6_K) scale = d * float(int8_t(tile[L.sc + (k0 / 16) * 16 + i]));
         const float xd = x.d[size_t(xb)];
         acc += (float(dot_hi) + float(dot_lo) * (1.0f / Q8Row::kLoScale)) * (scale * xd);
-        if (t == DType::Q4_1 || t == DType::Q5_1 || t == DType::Q4_K || t == DType::Q5_K) {
+        if (x16_has_min(t) || x16_k_scales(t)) {
           const float xsum = x.block_sum(xb);
-          const bool k_quant = t == DType::Q4_K || t == DType::Q5_K;
+          const bool k_quant = x16_k_scales(t);
           const float m = !k_quant ? f16_to_f32(load_u16(tile + L.m + 2 * i))
                                            : -(f16_to_f32(load_u16(tile + 32 + 2 * i)) * float(tile[L.m + (k0 / 32) * 16 + i]));
           acc_min += m * (xd * xsum);

@@ -59,6 +59,13 @@ constexpr X16Layout x16_layout(DType t) {
   }
 }
 
+// The block types' shared shapes, which every kernel on the tiles branches on: a per-row min
+// added (Q4_1, Q5_1), the K-quants' 6-bit sub-block scales and subtracted mins (Q4_K, Q5_K),
+// a fifth bit (Q5_0, Q5_1, Q5_K).
+constexpr bool x16_has_min(DType t) { return t == DType::Q4_1 || t == DType::Q5_1; }
+constexpr bool x16_k_scales(DType t) { return t == DType::Q4_K || t == DType::Q5_K; }
+constexpr bool x16_fifth_bit(DType t) { return t == DType::Q5_0 || t == DType::Q5_1 || t == DType::Q5_K; }
+
 // Whether the cpu kernels read `t` re-laid as x16 tiles (the others are converted to bf16).
 bool x16_supported(DType t);
 // What a stored byte adds to the quantized value (Q4_0 8, Q5_0 16, Q6_K 32, Q8_0 128).
