@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "targets/cpu/kernels.h"
+#include "targets/cpu/quant.h"
 
 using namespace tessera::cpu;
 using Clock = std::chrono::steady_clock;
@@ -22,7 +23,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 bool g_quick = false;
-std::string g_only;      // "", "gemv", "gemm", "attn", "pool", "bw"
+std::string g_only;      // "", "gemv", "qgemv", "gemm", "attn", "pool", "bw"
 int g_threads = 0;       // 0: 1 and 2
 std::string g_path;      // "": every path
 bool want(const char* what) { return g_only.empty() || g_only == what; }
@@ -134,6 +135,47 @@ void bench_gemv(ThreadPool& pool, double bw) {
   }
 }
 
+// The decode GEMV on x16 tiles (cpu/quant.h), per block type: out of cache (copies rotated
+// through 256 MiB, as the model streams its weights) against the read bandwidth, and in L2
+// (one 1024-row matrix again and again), which shows the kernel's own instruction throughput.
+void bench_qgemv(ThreadPool& pool, double bw) {
+  using tessera::DType;
+  constexpr int64_t N = 2048, K = 2048, kL2Rows = 1024;
+  std::printf("  qgemv [%ld x %ld], random blocks (scales 1.0)\n", long(N), long(K));
+  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    const size_t per_call = size_t(x16_bytes(t, N, K));
+    const size_t copies = std::max<size_t>(2, (size_t(256) << 20) / per_call);
+    std::vector<uint8_t> tiles(per_call * copies);
+    std::mt19937 rng(3);
+    for (auto& b : tiles) b = uint8_t(rng());
+    const int64_t tile = x16_tile_bytes(t);
+    for (size_t at = 0; at + 64 <= tiles.size(); at += size_t(tile))  // f16 1.0 scales (and mins)
+      for (int e = 0; e < 32; ++e) reinterpret_cast<uint16_t*>(tiles.data() + at)[e] = 0x3C00;
+    std::vector<float> x(static_cast<size_t>(K)), y(static_cast<size_t>(N));
+    for (auto& v : x) v = std::normal_distribution<float>()(rng);
+    size_t i = 0;
+    const int calls = int(std::max<size_t>(1, (size_t(128) << 20) / per_call));
+    const double t_mem = best_time([&] {
+      for (int c = 0; c < calls; ++c) {
+        matmul(x.data(), 1, WeightMatrix(t, tiles.data() + i * per_call, N, K), nullptr, y.data(), pool);
+        i = (i + 1) % copies;
+      }
+    }, g_quick ? 0.3 : 1.0, g_quick ? 6 : 16);
+    const size_t l2_bytes = size_t(x16_bytes(t, kL2Rows, K));
+    const int l2_calls = 200;
+    const double t_l2 = best_time([&] {
+      for (int c = 0; c < l2_calls; ++c)
+        matmul(x.data(), 1, WeightMatrix(t, tiles.data(), kL2Rows, K), nullptr, y.data(), pool);
+    }, g_quick ? 0.2 : 0.5, 4);
+    Q8Row xq;
+    const double t_q = best_time([&] { for (int c = 0; c < 100; ++c) xq.quantize(x.data(), K); }, 0.1, 3) / 100;
+    const double gbs = double(per_call) * calls / t_mem / 1e9;
+    std::printf("  qgemv %-5s  %8.1f us  %6.1f GB/s  %5.1f%% of read bw;  in L2: %6.1f GB/s;  x quantized in %.2f us\n",
+                tessera::dtype_name(t), t_mem / calls * 1e6, gbs, 100.0 * gbs / bw,
+                double(l2_bytes) * l2_calls / t_l2 / 1e9, t_q * 1e6);
+  }
+}
+
 void bench_gemm(ThreadPool& pool) {
   for (int64_t T : {128, 512}) {
     for (const Shape& s : kShapes) {
@@ -206,7 +248,7 @@ int main(int argc, char** argv) {
     else if (a == "--threads" && i + 1 < argc) g_threads = std::atoi(argv[++i]);
     else if (a == "--path" && i + 1 < argc) g_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: tessera_kernel_bench [--quick] [--only gemv|gemm|attn|pool|bw] [--threads N] [--path P]\n");
+      std::fprintf(stderr, "usage: tessera_kernel_bench [--quick] [--only gemv|qgemv|gemm|attn|pool|bw] [--threads N] [--path P]\n");
       return 2;
     }
   }
@@ -224,7 +266,7 @@ int main(int argc, char** argv) {
     ThreadPool pool(threads);
     std::printf("\n=== %d thread%s ===\n", threads, threads > 1 ? "s" : "");
     double bw = 0;
-    if (want("bw") || want("gemv")) {
+    if (want("bw") || want("gemv") || want("qgemv")) {
       bw = read_bandwidth(pool);
       std::printf("  read bandwidth (1 GiB): %.1f GB/s\n", bw);
     }
@@ -233,6 +275,7 @@ int main(int argc, char** argv) {
       set_isa(path);
       std::printf(" -- path %s (isa %s)\n", path.c_str(), isa().c_str());
       if (want("gemv")) bench_gemv(pool, bw);
+      if (want("qgemv")) bench_qgemv(pool, bw);
       if (want("gemm")) bench_gemm(pool);
       if (want("attn")) bench_attention(pool);
     }

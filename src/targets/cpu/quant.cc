@@ -172,6 +172,7 @@ void x16_rows_bf16(DType t, const uint8_t* tiles, int64_t cols, int64_t r0, int6
 void Q8Row::quantize(const float* x, int64_t cols) {
   const int64_t blocks = cols / kQBlock;
   d.resize(size_t(blocks));
+  dsum.resize(size_t(blocks));
   sum_hi.resize(size_t(2 * blocks));
   sum_lo.resize(size_t(2 * blocks));
   hi.resize(size_t(cols));
@@ -203,6 +204,7 @@ void Q8Row::quantize(const float* x, int64_t cols) {
       sum_hi[size_t(2 * b + h)] = sh[h];
       sum_lo[size_t(2 * b + h)] = sl[h];
     }
+    dsum[size_t(b)] = d[size_t(b)] * block_sum(b);
   }
 }
 

@@ -96,6 +96,7 @@ void x16_rows_bf16(DType t, const uint8_t* tiles, int64_t cols, int64_t r0, int6
 struct Q8Row {
   static constexpr float kLoScale = 254.0f;
   std::vector<float> d;                  // per block
+  std::vector<float> dsum;               // per block: d * block_sum (what a per-row min multiplies)
   std::vector<int32_t> sum_hi, sum_lo;   // per 16 values: the sums of hi and of lo
   std::vector<int8_t> hi, lo;            // cols values each
   void quantize(const float* x, int64_t cols);
