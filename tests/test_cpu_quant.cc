@@ -218,6 +218,34 @@ TEST(CpuQuant, PortableGemvIsThePlainLoopsBitForBit) {
   EXPECT_GE(targets, 1);  // at least one Highway target ran
 }
 
+// The activation quantizer is vectorized (Highway): on every target it must write the plain
+// loop's bytes (Q8Row::quantize_plain), non-finite blocks, zero blocks and halfway values included.
+TEST(CpuQuant, VectorQuantizerIsThePlainLoopBitForBit) {
+  const int64_t K = 32 * 12;
+  auto x = randn(size_t(K), 21);
+  x[7] *= 300;                                                         // an outlier
+  for (int64_t k = 64; k < 96; ++k) x[size_t(k)] = 0;                  // a block of zeros
+  x[100] = NAN;                                                        // a NaN block
+  x[170] = -INFINITY;                                                  // an infinite one
+  for (int64_t k = 192; k < 224; ++k) x[size_t(k)] = float(k - 208) * 0.5f;  // v lands on .5 steps
+  for (int64_t k = 224; k < 256; ++k) x[size_t(k)] = 1e-20f * float(k % 7 - 3);  // tiny values
+  cpu::Q8Row want;
+  want.quantize_plain(x.data(), K);
+  int runs = 0;
+  for_each_isa([&] {
+    ++runs;
+    cpu::Q8Row got;
+    got.quantize(x.data(), K);
+    ASSERT_EQ(got.hi, want.hi);
+    ASSERT_EQ(got.lo, want.lo);
+    ASSERT_EQ(got.sum_hi, want.sum_hi);
+    ASSERT_EQ(got.sum_lo, want.sum_lo);
+    ASSERT_EQ(0, std::memcmp(got.d.data(), want.d.data(), want.d.size() * sizeof(float)));
+    ASSERT_EQ(0, std::memcmp(got.dsum.data(), want.dsum.data(), want.dsum.size() * sizeof(float)));
+  });
+  EXPECT_GE(runs, 2);
+}
+
 TEST(CpuQuant, SharedInputMixesFormatsAndMatchesSeparateCalls) {
   cpu::ThreadPool pool(2);
   const int64_t K = 64;

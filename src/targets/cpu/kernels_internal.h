@@ -74,6 +74,9 @@ int64_t f32_lanes_hwy();
 // (y and bias indexed by row; rows past w.rows not written): x16_gemv_rows's arithmetic bit
 // for bit, the rows in vector lanes.
 void gemv_x16_hwy(const Q8Row& x, const WeightMatrix& w, const float* bias, float* y, int64_t g0, int64_t g1);
+// Q8Row::quantize's work on `blocks` 32-value blocks of x (its arrays sized by the caller).
+void quantize_q8_hwy(const float* x, int64_t blocks, float* d, int32_t* sum_hi, int32_t* sum_lo, int8_t* hi,
+                     int8_t* lo);
 
 // Highway target bookkeeping.
 int64_t hwy_supported_targets();           // targets compiled in and supported by this CPU

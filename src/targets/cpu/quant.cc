@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "io/ggml_blocks.h"
+#include "targets/cpu/kernels_internal.h"
 #include "util/error.h"
 #include "util/half.h"
 
@@ -169,7 +170,7 @@ void x16_rows_bf16(DType t, const uint8_t* tiles, int64_t cols, int64_t r0, int6
     }
 }
 
-void Q8Row::quantize(const float* x, int64_t cols) {
+void Q8Row::resize(int64_t cols) {
   const int64_t blocks = cols / kQBlock;
   d.resize(size_t(blocks));
   dsum.resize(size_t(blocks));
@@ -177,6 +178,18 @@ void Q8Row::quantize(const float* x, int64_t cols) {
   sum_lo.resize(size_t(2 * blocks));
   hi.resize(size_t(cols));
   lo.resize(size_t(cols));
+}
+
+void Q8Row::quantize(const float* x, int64_t cols) {
+  resize(cols);
+  const int64_t blocks = cols / kQBlock;
+  detail::quantize_q8_hwy(x, blocks, d.data(), sum_hi.data(), sum_lo.data(), hi.data(), lo.data());
+  for (int64_t b = 0; b < blocks; ++b) dsum[size_t(b)] = d[size_t(b)] * block_sum(b);
+}
+
+void Q8Row::quantize_plain(const float* x, int64_t cols) {
+  resize(cols);
+  const int64_t blocks = cols / kQBlock;
   for (int64_t b = 0; b < blocks; ++b) {
     const float* xb = x + b * kQBlock;
     float amax = 0;

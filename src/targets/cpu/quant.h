@@ -99,7 +99,9 @@ struct Q8Row {
   std::vector<float> dsum;               // per block: d * block_sum (what a per-row min multiplies)
   std::vector<int32_t> sum_hi, sum_lo;   // per 16 values: the sums of hi and of lo
   std::vector<int8_t> hi, lo;            // cols values each
-  void quantize(const float* x, int64_t cols);
+  void quantize(const float* x, int64_t cols);        // vectorized (Highway), the plain loop's bytes
+  void quantize_plain(const float* x, int64_t cols);  // the plain loop, which states the arithmetic
+  void resize(int64_t cols);
   // Block b's sum of x as quantized, over d: sum(hi) + sum(lo) / 254.
   float block_sum(int64_t b) const {
     return float(sum_hi[size_t(2 * b)] + sum_hi[size_t(2 * b + 1)]) +
