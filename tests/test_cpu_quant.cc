@@ -218,6 +218,47 @@ TEST(CpuQuant, PortableGemvIsThePlainLoopsBitForBit) {
   EXPECT_GE(targets, 1);  // at least one Highway target ran
 }
 
+// A batched decode step multiplies every sequence's row at once (matmul_rows): each row must
+// come out exactly as the one-row GEMV computes it, for every block type and bf16, matrices
+// sharing the input, a partial last group of rows, and row counts that are not multiples of
+// the kernel's rows per pass.
+TEST(CpuQuant, BatchedGemvRowsAreTheOneRowGemvBitForBit) {
+  cpu::ThreadPool pool(2);
+  const int64_t K = 512, Na = 53, Nb = 40;
+  std::vector<uint16_t> bf(size_t(Nb * K));
+  const auto bfv = randn(bf.size(), 30);
+  for (size_t i = 0; i < bf.size(); ++i) bf[i] = f32_to_bf16(bfv[i] * 0.05f);
+  const cpu::WeightMatrix wb = Bf16Matrix{bf.data(), Nb, K};
+  for (DType t : kTypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const auto bytes = random_blocks(t, Na, K, 31);
+    CpuWeightStore store;
+    const cpu::WeightMatrix& wa = store.load(file_weight("a", t, bytes, Na, K));
+    const auto bias = randn(size_t(Na), 32);
+    for (const int64_t T : {1, 2, 5, 9}) {
+      SCOPED_TRACE("T=" + std::to_string(T));
+      auto x = randn(size_t(T * K), uint32_t(33 + T));
+      x[3] *= 50;
+      for_each_isa([&] {
+        std::vector<float> ya(size_t(T * Na), -1.0f), yb(size_t(T * Nb), -1.0f);
+        const cpu::MatmulOut outs[] = {{&wa, bias.data(), ya.data()}, {&wb, nullptr, yb.data()}};
+        cpu::matmul_rows(x.data(), T, outs, pool);
+        for (int64_t r = 0; r < T; ++r) {
+          std::vector<float> one_a(static_cast<size_t>(Na)), one_b(static_cast<size_t>(Nb));
+          const cpu::MatmulOut one[] = {{&wa, bias.data(), one_a.data()}, {&wb, nullptr, one_b.data()}};
+          cpu::matmul_shared_input(x.data() + r * K, 1, one, pool);
+          for (int64_t n = 0; n < Na; ++n) ASSERT_EQ(ya[size_t(r * Na + n)], one_a[size_t(n)]) << "row " << r << " a " << n;
+          for (int64_t n = 0; n < Nb; ++n) ASSERT_EQ(yb[size_t(r * Nb + n)], one_b[size_t(n)]) << "row " << r << " b " << n;
+        }
+      });
+    }
+  }
+  std::vector<float> x(static_cast<size_t>(K)), y(static_cast<size_t>(Nb));
+  const cpu::MatmulOut out[] = {{&wb, nullptr, y.data()}};
+  EXPECT_THROW(cpu::matmul_rows(x.data(), 0, out, pool), Error);
+  EXPECT_THROW(cpu::matmul_rows(x.data(), cpu::kMaxGemvRows + 1, out, pool), Error);
+}
+
 // The activation quantizer is vectorized (Highway): on every target it must write the plain
 // loop's bytes (Q8Row::quantize_plain), non-finite blocks, zero blocks and halfway values included.
 TEST(CpuQuant, VectorQuantizerIsThePlainLoopBitForBit) {

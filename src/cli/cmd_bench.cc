@@ -30,6 +30,7 @@ struct BenchArgs {
   std::string target;
   std::vector<int> prompt_lens;
   int decode_tokens = 32;
+  std::vector<int> batches;  // decode steps of several sequences at once (continuous batching)
   int repeats = 3;
   int threads = 0;
   bool json = false;
@@ -195,6 +196,34 @@ void run_bench(const BenchArgs& a) {
     }
     out["decode"].push_back(d);
   }
+  // Batched decode: B sequences, each prefilled with the context alone, then decode steps
+  // that run all B in one pass over the weights (ModelRunner::decode_batch).
+  for (int B : a.batches) {
+    if (B < 1 || B > runner.max_sequences())
+      fail("--batch {}: this target holds 1 to {} sequences", B, runner.max_sequences());
+    std::vector<int> seqs(static_cast<size_t>(B));
+    for (int i = 0; i < B; ++i) seqs[size_t(i)] = i;
+    for (int C : lens) {
+      std::vector<double> tps;
+      for (int r = 0; r < a.repeats; ++r) {
+        for (int i = 0; i < B; ++i) {
+          runner.select_sequence(i);
+          runner.reset();
+          runner.forward(std::span(ids).first(size_t(C)), false);
+        }
+        runner.select_sequence(0);
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int t = 0; t < a.decode_tokens; ++t) {
+          const std::vector<int32_t> step(size_t(B), ids[size_t(C + t)]);
+          runner.decode_batch(seqs, step);
+        }
+        tps.push_back(double(B) * a.decode_tokens / seconds_since(t0));
+      }
+      out["decode_batch"].push_back({{"batch", B}, {"context", C}, {"tokens_per_s", median(tps)}, {"samples", tps}});
+      say(fmt::format("  decode of {:>2} sequences at context {:>4}: {:8.1f} tok/s in all, {:.1f} per sequence", B, C,
+                      median(tps), median(tps) / B));
+    }
+  }
   if (with_bandwidth) {
     out["read_bandwidth_gbs"] = median(all_bw);
     say(fmt::format("  read bandwidth ({} threads): {:.1f} GB/s (median of {} measurements, range {:.1f}-{:.1f})", threads,
@@ -216,6 +245,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--decode-tokens", a->decode_tokens, "Tokens timed per decode measurement")->capture_default_str();
   cmd->add_option("--repeats", a->repeats, "Repeats per figure (the median is reported)")->capture_default_str();
   cmd->add_option("--threads", a->threads, "Worker threads (default: all cores)");
+  cmd->add_option("--batch", a->batches,
+                  "Also time decode steps of N sequences at once (continuous batching), each at the prompt length's context")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", a->json, "Print one JSON object instead of the table");
   cmd->add_flag("--no-bandwidth", a->no_bandwidth, "Skip the read-bandwidth measurement");
   cmd->add_option("--plan", a->plan, "For a model: the named plan (cpu: cpu-fused (default), cpu-naive; npusim: baseline (default), naive, merged)");

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string_view>
 
@@ -59,6 +60,77 @@ void LayeredRunner::truncate(int64_t positions) {
   if (positions < base_ || positions > position_)
     fail("{} target: cannot truncate {} cached positions to {}", target(), position_, positions);
   position_ = positions;  // later writes overwrite the dropped rows
+}
+
+void LayeredRunner::select_sequence(int seq) {
+  if (seq < 0 || seq >= max_sequences())
+    fail("{} target: sequence {} is outside the {} it holds", target(), seq, max_sequences());
+  if (seq == selected_) return;
+  seqs_[size_t(selected_)] = {position_, base_};
+  if (seqs_.size() <= size_t(seq)) seqs_.resize(size_t(seq) + 1);
+  position_ = seqs_[size_t(seq)].position;
+  base_ = seqs_[size_t(seq)].base;
+  selected_ = seq;
+  kv_select(seq);
+}
+
+std::vector<float> LayeredRunner::decode_batch(std::span<const int> seqs, std::span<const int32_t> ids) {
+  const ModelSpec& s = spec();
+  const int64_t B = int64_t(seqs.size()), H = s.hidden;
+  if (B == 0 || ids.size() != seqs.size())
+    fail("{} target: a decode step of {} sequences with {} tokens", target(), seqs.size(), ids.size());
+  const int keep = selected_;
+  std::vector<int> seen;
+  for (int64_t r = 0; r < B; ++r) {
+    const int seq = seqs[size_t(r)];
+    if (std::find(seen.begin(), seen.end(), seq) != seen.end())
+      fail("{} target: sequence {} appears twice in one decode step", target(), seq);
+    seen.push_back(seq);
+    select_sequence(seq);  // checks the range; positions below
+    if (position_ + 1 > s.max_position)
+      fail("{} target: sequence {} is at position {}, the model's context is {}", target(), seq, position_,
+           s.max_position);
+    if (ids[size_t(r)] < 0 || ids[size_t(r)] >= s.vocab)
+      fail("{} target: token id {} is outside the vocabulary [0, {})", target(), ids[size_t(r)], s.vocab);
+  }
+  begin_pass(B, B);
+  in_pass_ = true;
+  batch_ = seqs;
+  struct PassEnd {
+    LayeredRunner* r;
+    int keep;
+    ~PassEnd() {
+      r->batch_ = {};
+      r->in_pass_ = false;
+      r->current_layer_ = 0;
+      r->select_sequence(keep);
+      try {
+        r->end_pass();
+      } catch (...) {  // already unwinding from the pass's own error, or nothing to report
+      }
+    }
+  } pass_end{this, keep};
+  std::vector<float> h(size_t(B * H)), x(size_t(B * H));
+  for (int64_t r = 0; r < B; ++r) {
+    count(Stage::Embedding);
+    op_embedding(&ids[size_t(r)], 1, h.data() + r * H);
+  }
+  grow_buffers(B);
+  for (int64_t l = 0; l < s.n_layers; ++l) run_layer(l, h.data(), B, {}, ProbeLevel::None);
+  for (int64_t r = 0; r < B; ++r) {
+    count(Stage::FinalNorm);
+    op_rmsnorm(Stage::FinalNorm, -1, h.data() + r * H, 1, x.data() + r * H);
+  }
+  std::vector<float> logits(size_t(B * s.vocab));
+  count(Stage::LmHead);
+  static const std::vector<float> kNoBias;
+  op_linear(Stage::LmHead, x.data(), B, model_.lm_head().name, kNoBias, logits.data());
+  for (int64_t r = 0; r < B; ++r) {  // every row ran: each sequence moves one position on
+    select_sequence(seqs[size_t(r)]);
+    ++position_;
+  }
+  if (profile_) lap(Stage::Count);
+  return logits;
 }
 
 void LayeredRunner::count(Stage s) {
@@ -239,9 +311,17 @@ void LayeredRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& pro
   };
   float *x = x_.data(), *q = q_.data(), *k = k_.data(), *v = v_.data(), *attn = attn_.data(), *o = o_.data();
   float *gate = gate_.data(), *up = up_.data(), *act = act_.data(), *down = down_.data();
+  // The stages other than the linears: one call for the T tokens of one sequence, or, in a
+  // batched decode step, one call per row, each row exactly its own sequence's single step.
+  auto each_row = [&](auto&& stage) {
+    if (!batched_rows()) return stage(int64_t(0), T);
+    for (int64_t r = 0; r < T; ++r) stage(r, int64_t(1));
+  };
 
-  count(Stage::AttnNorm);
-  op_rmsnorm(Stage::AttnNorm, l, h, T, x);
+  each_row([&](int64_t r, int64_t n) {
+    count(Stage::AttnNorm);
+    op_rmsnorm(Stage::AttnNorm, l, h + r * H, n, x + r * H);
+  });
   emit(ProbeLevel::All, "attn_norm", x, H);
 
   count(Stage::QkvProj);
@@ -249,43 +329,67 @@ void LayeredRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& pro
   const LinearOut qkv[] = {{L.q->name, bias(L.q_bias), q}, {L.k->name, bias(L.k_bias), k}, {L.v->name, bias(L.v_bias), v}};
   op_linears(Stage::QkvProj, x, T, qkv);
 
-  count(Stage::Rope);
-  op_rope(l, q, k, T, position_);
+  each_row([&](int64_t r, int64_t n) {
+    if (batched_rows()) select_sequence(batch_[size_t(r)]);
+    count(Stage::Rope);
+    op_rope(l, q + r * Q, k + r * KV, n, position_);
+    const int64_t rel = position_ - base_;  // the cache holds positions [base_, position_)
+    count(Stage::KvWrite);
+    op_kv_write(l, rel, k + r * KV, v + r * KV, n);
+    count(Stage::Attention);
+    op_attention(l, q + r * Q, n, rel, attn + r * Q);
+  });
   emit(ProbeLevel::All, "q", q, Q);
   emit(ProbeLevel::All, "k", k, KV);
   emit(ProbeLevel::All, "v", v, KV);
-
-  const int64_t rel = position_ - base_;  // the cache holds positions [base_, position_)
-  count(Stage::KvWrite);
-  op_kv_write(l, rel, k, v, T);
-  count(Stage::Attention);
-  op_attention(l, q, T, rel, attn);
   emit(ProbeLevel::All, "attn", attn, Q);
 
   count(Stage::OProj);
   op_linear(Stage::OProj, attn, T, L.o->name, L.o_bias, o);
   emit(ProbeLevel::All, "o_proj", o, H);
-  count(Stage::AttnResidual);
-  op_add(Stage::AttnResidual, h, o, T);
+  each_row([&](int64_t r, int64_t n) {
+    count(Stage::AttnResidual);
+    op_add(Stage::AttnResidual, h + r * H, o + r * H, n);
+  });
   emit(ProbeLevel::All, "attn_residual", h, H);
 
-  count(Stage::MlpNorm);
-  op_rmsnorm(Stage::MlpNorm, l, h, T, x);
+  each_row([&](int64_t r, int64_t n) {
+    count(Stage::MlpNorm);
+    op_rmsnorm(Stage::MlpNorm, l, h + r * H, n, x + r * H);
+  });
   emit(ProbeLevel::All, "mlp_norm", x, H);
   count(Stage::GateUpProj);
   const LinearOut gate_up[] = {{L.gate->name, bias(L.gate_bias), gate}, {L.up->name, bias(L.up_bias), up}};
   op_linears(Stage::GateUpProj, x, T, gate_up);
   emit(ProbeLevel::All, "gate", gate, I);
   emit(ProbeLevel::All, "up", up, I);
-  count(Stage::SiluMul);
-  op_silu_mul(gate, up, T, act);
+  each_row([&](int64_t r, int64_t n) {
+    count(Stage::SiluMul);
+    op_silu_mul(gate + r * I, up + r * I, n, act + r * I);
+  });
   emit(ProbeLevel::All, "act", act, I);
   count(Stage::DownProj);
   op_linear(Stage::DownProj, act, T, L.down->name, L.down_bias, down);
   emit(ProbeLevel::All, "down", down, H);
-  count(Stage::MlpResidual);
-  op_add(Stage::MlpResidual, h, down, T);
+  each_row([&](int64_t r, int64_t n) {
+    count(Stage::MlpResidual);
+    op_add(Stage::MlpResidual, h + r * H, down + r * H, n);
+  });
   emit(ProbeLevel::Layers, "out", h, H);
+}
+
+void LayeredRunner::grow_buffers(int64_t T) {
+  const ModelSpec& s = spec();
+  grow(x_, T * s.hidden);
+  grow(q_, T * s.q_dim());
+  grow(k_, T * s.kv_dim());
+  grow(v_, T * s.kv_dim());
+  grow(attn_, T * s.q_dim());
+  grow(o_, T * s.hidden);
+  grow(gate_, T * s.intermediate);
+  grow(up_, T * s.intermediate);
+  grow(act_, T * s.intermediate);
+  grow(down_, T * s.hidden);
 }
 
 void LayeredRunner::forward_layers(float* h, int64_t T, int64_t n_layers, const ProbeFn& probe, ProbeLevel level) {
@@ -297,16 +401,7 @@ void LayeredRunner::forward_layers(float* h, int64_t T, int64_t n_layers, const 
     fail("{} target: {} tokens at position {} exceed the model's context of {}", target(), T, position_, s.max_position);
   const bool own_pass = !in_pass_;
   if (own_pass) begin_pass(T, 0);
-  grow(x_, T * s.hidden);
-  grow(q_, T * s.q_dim());
-  grow(k_, T * s.kv_dim());
-  grow(v_, T * s.kv_dim());
-  grow(attn_, T * s.q_dim());
-  grow(o_, T * s.hidden);
-  grow(gate_, T * s.intermediate);
-  grow(up_, T * s.intermediate);
-  grow(act_, T * s.intermediate);
-  grow(down_, T * s.hidden);
+  grow_buffers(T);
   try {
     for (int64_t l = 0; l < n_layers; ++l) run_layer(l, h, T, probe, level);
   } catch (...) {

@@ -32,6 +32,15 @@ class LayeredRunner : public StagedRunner {
   // Per stage: calls of the target's kernel ("attention") and of the oracle's twin
   // ("oracle:attention"), counted by the forward pass (phase 1's direct op_* calls are not).
   std::map<std::string, int64_t> op_counters() const override;
+  // Sequences: as many as the target's KV storage holds (kv_sequences); the selected one's
+  // positions are position_/base_, the others wait in seqs_.
+  int max_sequences() const override { return kv_sequences(); }
+  void select_sequence(int seq) override;
+  int selected_sequence() const override { return selected_; }
+  // One pass over the layers for all the sequences' rows: the linears take every row at once
+  // (the target sees batched_rows() and keeps each row's one-row numerics); the row-wise
+  // stages and attention run row by row on each sequence's own cache.
+  std::vector<float> decode_batch(std::span<const int> seqs, std::span<const int32_t> ids) override;
 
   // StagedRunner
   void forward_layers(float* h, int64_t T, int64_t n_layers, const ProbeFn& probe = {},
@@ -104,6 +113,13 @@ class LayeredRunner : public StagedRunner {
   virtual void kernel_attention(int64_t layer, const float* q, int64_t T, int64_t rel, float* out) = 0;
   virtual void kernel_silu_mul(const float* gate, const float* up, int64_t T, float* out) = 0;
   virtual void kernel_add(Stage which, float* acc, const float* x, int64_t T) = 0;
+  // The KV caches the target can hold (1: the one it always has) and the choice of the one
+  // kv_store, kv_read and kernel_attention use next.
+  virtual int kv_sequences() const { return 1; }
+  virtual void kv_select(int seq) {}
+  // Inside decode_batch: the T rows of a linear are T sequences' decode rows, not one
+  // sequence's tokens (a target keeps each row's one-row numerics).
+  bool batched_rows() const { return !batch_.empty(); }
   // Host threads the oracle's twins may use.
   virtual int oracle_threads() const { return 0; }
   // Called around every forward pass (and every forward_layers call outside one) before any
@@ -121,6 +137,7 @@ class LayeredRunner : public StagedRunner {
 
  private:
   void run_layer(int64_t l, float* h, int64_t T, const ProbeFn& probe, ProbeLevel level);
+  void grow_buffers(int64_t T);  // the working buffers, for T rows
   bool by_oracle(Stage s) const { return oracle_stages_.count(s) > 0; }
   // Shows a stage's output to the tap, if any (layer -2: the layer being run).
   void tap(Stage s, int64_t layer, int64_t T, const char* name, float* data, int64_t rows, int64_t cols, bool fused = false);
@@ -137,7 +154,13 @@ class LayeredRunner : public StagedRunner {
   std::vector<LayerParams> layers_;
   std::vector<float> final_norm_;
   std::vector<float> inv_freq_;
-  int64_t position_ = 0, base_ = 0;
+  int64_t position_ = 0, base_ = 0;  // the selected sequence's
+  struct SequencePositions {
+    int64_t position = 0, base = 0;
+  };
+  std::vector<SequencePositions> seqs_ = std::vector<SequencePositions>(1);  // the others' (selected_'s stale)
+  int selected_ = 0;
+  std::span<const int> batch_;  // inside decode_batch: the sequence of each row
   std::array<int64_t, kStageCount> target_calls_{}, oracle_calls_{};
   std::array<double, kStageCount> stage_seconds_{};
   Stage current_ = Stage::Count;

@@ -32,6 +32,18 @@ class ModelRunner {
   virtual void truncate(int64_t positions) = 0;
   // How many times each op ran on this target since construction ("gemm", "attention", ...).
   virtual std::map<std::string, int64_t> op_counters() const { return {}; }
+
+  // Several sequences in one runner (continuous batching): each has its own KV cache and
+  // positions; forward, position, reset and truncate act on the selected one. Sequence 0
+  // always exists; a runner that holds only it says max_sequences() == 1.
+  virtual int max_sequences() const { return 1; }
+  virtual void select_sequence(int seq);
+  virtual int selected_sequence() const { return 0; }
+  // One decode step of several distinct sequences: ids[i] at the next position of sequence
+  // seqs[i]. Returns [seqs.size(), vocab] logits, row i what forward({ids[i]}, false) returns
+  // on sequence seqs[i] alone (bit for bit where the target says so). The selection is kept.
+  // By default, one forward per sequence.
+  virtual std::vector<float> decode_batch(std::span<const int> seqs, std::span<const int32_t> ids);
 };
 
 // The oracle as a runner (the reference every target is gated against).

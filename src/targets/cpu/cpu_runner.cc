@@ -157,7 +157,8 @@ CpuRunner::CpuRunner(const Model& model, CpuOptions options)
   weights_ = std::make_unique<CpuWeightStore>(
       [this](int64_t n, const std::function<void(int64_t, int64_t)>& body) { pool_->parallel_for(n, body); });
   const ModelSpec& s = model.spec();
-  cache_ = std::make_unique<cpu::KvCache>(s.n_layers, s.kv_dim());
+  caches_.push_back(std::make_unique<cpu::KvCache>(s.n_layers, s.kv_dim()));
+  cache_ = caches_[0].get();
   weights_->reserve(matrix_weights());
   load_matrices(*weights_);
   release_copied_file_pages();
@@ -236,7 +237,7 @@ bool CpuRunner::stage_matrix_quantized(Stage s, int64_t l) const {
 
 bool CpuRunner::fuses_linears(Stage s, int64_t T) const {
   if (s != Stage::QkvProj && s != Stage::GateUpProj) return false;
-  return T == 1 ? options_.fused_decode : options_.fused_prefill;
+  return T == 1 || batched_rows() ? options_.fused_decode : options_.fused_prefill;
 }
 
 nlohmann::json CpuRunner::build_plan(const Model& model) const {
@@ -294,16 +295,40 @@ void CpuRunner::kv_read(int64_t l, int64_t rel, int64_t T, float* k, float* v) {
   }
 }
 
+namespace {
+// A batched decode step's rows (one per sequence), cpu::kMaxGemvRows at a time: each row
+// exactly its sequence's one-row GEMV.
+void matmul_sequence_rows(const float* x, int64_t T, std::span<const cpu::MatmulOut> outs, cpu::ThreadPool& pool) {
+  const int64_t K = outs[0].w->cols;
+  std::array<cpu::MatmulOut, 8> part;
+  for (int64_t t0 = 0; t0 < T; t0 += cpu::kMaxGemvRows) {
+    for (size_t i = 0; i < outs.size(); ++i) part[i] = {outs[i].w, outs[i].bias, outs[i].y + t0 * outs[i].w->rows};
+    cpu::matmul_rows(x + t0 * K, std::min(cpu::kMaxGemvRows, T - t0), std::span(part.data(), outs.size()), pool);
+  }
+}
+}  // namespace
+
 void CpuRunner::kernel_linear(Stage, const float* x, int64_t T, const std::string& weight, const float* bias, float* y) {
+  if (batched_rows()) {
+    const cpu::MatmulOut one[] = {{&matrix(weight), bias, y}};
+    return matmul_sequence_rows(x, T, one, *pool_);
+  }
   cpu::matmul(x, T, matrix(weight), bias, y, *pool_, options_.blocking);
 }
 
 void CpuRunner::kernel_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) {
-  const bool fused = T == 1 ? options_.fused_decode : options_.fused_prefill;
+  const bool fused = T == 1 || batched_rows() ? options_.fused_decode : options_.fused_prefill;
   if (!fused || outs.size() > 8) return LayeredRunner::kernel_linears(s, x, T, outs);
   std::array<cpu::MatmulOut, 8> mm;
   for (size_t i = 0; i < outs.size(); ++i) mm[i] = {&matrix(outs[i].weight), outs[i].bias, outs[i].y};
+  if (batched_rows()) return matmul_sequence_rows(x, T, std::span(mm.data(), outs.size()), *pool_);
   cpu::matmul_shared_input(x, T, std::span(mm.data(), outs.size()), *pool_, options_.blocking);
+}
+
+void CpuRunner::kv_select(int seq) {
+  const ModelSpec& s = spec();
+  while (caches_.size() <= size_t(seq)) caches_.push_back(std::make_unique<cpu::KvCache>(s.n_layers, s.kv_dim()));
+  cache_ = caches_[size_t(seq)].get();
 }
 
 PassFigure CpuRunner::measure(Pass pass) {

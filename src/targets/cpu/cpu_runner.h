@@ -63,13 +63,14 @@ class CpuRunner final : public LayeredRunner {
   PassFigure measure(Pass pass) override;
 
   // cpu only.
+  static constexpr int kMaxSequences = 256;  // KV caches one runner holds (continuous batching)
   const CpuOptions& options() const { return options_; }
   int threads() const;
   // The weights as the kernels read them (see cpu/weight_store.h).
   const CpuWeightStore& weights() const { return *weights_; }
   const cpu::WeightMatrix& matrix(const std::string& canonical_name) const;
   cpu::ThreadPool& pool() { return *pool_; }
-  cpu::KvCache& cache() { return *cache_; }
+  cpu::KvCache& cache() { return *cache_; }  // the selected sequence's
 
  protected:
   // The cpu kernels.
@@ -78,6 +79,9 @@ class CpuRunner final : public LayeredRunner {
   void kernel_linear(Stage s, const float* x, int64_t T, const std::string& weight, const float* bias,
                      float* y) override;
   void kernel_linears(Stage s, const float* x, int64_t T, std::span<const LinearOut> outs) override;
+  // Sequences for continuous batching: each its own KV cache (grown on demand, as the first).
+  int kv_sequences() const override { return kMaxSequences; }
+  void kv_select(int seq) override;
   void kernel_rope(int64_t layer, float* q, float* k, int64_t T, int64_t pos) override;
   void kv_store(int64_t layer, int64_t rel, const float* k, const float* v, int64_t T) override;
   void kernel_attention(int64_t layer, const float* q, int64_t T, int64_t rel, float* out) override;
@@ -92,7 +96,8 @@ class CpuRunner final : public LayeredRunner {
 
   CpuOptions options_;
   std::unique_ptr<cpu::ThreadPool> pool_;
-  std::unique_ptr<cpu::KvCache> cache_;
+  std::vector<std::unique_ptr<cpu::KvCache>> caches_;  // one per sequence, made when first selected
+  cpu::KvCache* cache_ = nullptr;                       // the selected one
   std::unique_ptr<CpuWeightStore> weights_;
 };
 

@@ -180,6 +180,21 @@ void matmul_shared_input(const float* x, int64_t T, std::span<const MatmulOut> o
   matmul_avx512bf16(x, T, outs, pool, blocking);
 }
 
+void matmul_rows(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool) {
+  if (T < 1 || T > kMaxGemvRows) fail("matmul_rows: {} rows (1 to {} allowed)", T, kMaxGemvRows);
+  const int64_t K = outs.empty() ? 0 : outs[0].w->cols;
+  for (const MatmulOut& o : outs) {
+    if (o.w->cols != K) fail("matmul_rows: matrices of {} and {} columns share one input", K, o.w->cols);
+    if (o.w->quantized()) check_quantized(*o.w);
+  }
+  if (K > 0 && use_avx512bf16()) return matmul_rows_avx512bf16(x, T, outs, pool);
+  std::vector<MatmulOut> row(outs.begin(), outs.end());
+  for (int64_t t = 0; t < T; ++t) {
+    for (size_t i = 0; i < outs.size(); ++i) row[i].y = outs[i].y + t * outs[i].w->rows;
+    matmul_shared_input(x + t * K, 1, row, pool);
+  }
+}
+
 // ---------------------------------------------------------------- element-wise kernels
 void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) {
   rmsnorm_hwy(x, w, out, rows, n, eps);

@@ -97,6 +97,14 @@ struct MatmulOut {
 void matmul_shared_input(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool,
                          const GemmBlocking& blocking = {});
 
+// The decode GEMV of T independent rows at once (a batched decode step: one row per
+// sequence). Row t of every output is exactly what matmul_shared_input(x + t * K, 1, ...)
+// computes, bit for bit (the one-row GEMV's numerics, not the GEMM's), while each matrix
+// comes from memory once for all the rows (on the AVX-512 path; elsewhere one row after
+// another). 1 <= T <= kMaxGemvRows.
+inline constexpr int64_t kMaxGemvRows = 64;
+void matmul_rows(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool);
+
 // out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w for `rows` rows of n (in place allowed).
 void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps);
 

@@ -205,8 +205,13 @@ const TileFn kTiles[kMR][kNR] = {
 // vectors are then reduced together.
 constexpr int64_t kPrefetchBytes = 4096;
 
-TS_BF16_INLINE __m512 row_dot(const uint16_t* xb, const uint16_t* w, int64_t K) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+// One weight row against R activation rows; each row's four accumulators see the same
+// instructions in the same order whatever R is (a batched decode step's sums are the single
+// step's, bit for bit), the weight row loaded once for all of them.
+template <int R>
+TS_BF16_INLINE void row_dots(const uint16_t* const* xb, const uint16_t* w, int64_t K, __m512* out) {
+  __m512 a0[R], a1[R], a2[R], a3[R];
+  for (int r = 0; r < R; ++r) a0[r] = a1[r] = a2[r] = a3[r] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 128 <= K; k += 128) {
     // The hardware prefetchers stop at 4 KiB page boundaries, and mapped weights sit in 4 KiB
@@ -216,30 +221,61 @@ TS_BF16_INLINE __m512 row_dot(const uint16_t* xb, const uint16_t* w, int64_t K) 
     // 86.6 tok/s (medians of 3), as the quantized GEMV below.
     const char* ahead = reinterpret_cast<const char*>(w + k) + kPrefetchBytes;
     for (int line = 0; line < 4; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T1);
-    a0 = _mm512_dpbf16_ps(a0, as_bh(_mm512_loadu_si512(xb + k)), as_bh(_mm512_loadu_si512(w + k)));
-    a1 = _mm512_dpbf16_ps(a1, as_bh(_mm512_loadu_si512(xb + k + 32)), as_bh(_mm512_loadu_si512(w + k + 32)));
-    a2 = _mm512_dpbf16_ps(a2, as_bh(_mm512_loadu_si512(xb + k + 64)), as_bh(_mm512_loadu_si512(w + k + 64)));
-    a3 = _mm512_dpbf16_ps(a3, as_bh(_mm512_loadu_si512(xb + k + 96)), as_bh(_mm512_loadu_si512(w + k + 96)));
+    const __m512bh w0 = as_bh(_mm512_loadu_si512(w + k)), w1 = as_bh(_mm512_loadu_si512(w + k + 32)),
+                   w2 = as_bh(_mm512_loadu_si512(w + k + 64)), w3 = as_bh(_mm512_loadu_si512(w + k + 96));
+    for (int r = 0; r < R; ++r) {
+      a0[r] = _mm512_dpbf16_ps(a0[r], as_bh(_mm512_loadu_si512(xb[r] + k)), w0);
+      a1[r] = _mm512_dpbf16_ps(a1[r], as_bh(_mm512_loadu_si512(xb[r] + k + 32)), w1);
+      a2[r] = _mm512_dpbf16_ps(a2[r], as_bh(_mm512_loadu_si512(xb[r] + k + 64)), w2);
+      a3[r] = _mm512_dpbf16_ps(a3[r], as_bh(_mm512_loadu_si512(xb[r] + k + 96)), w3);
+    }
   }
-  for (; k + 32 <= K; k += 32)
-    a0 = _mm512_dpbf16_ps(a0, as_bh(_mm512_loadu_si512(xb + k)), as_bh(_mm512_loadu_si512(w + k)));
+  for (; k + 32 <= K; k += 32) {
+    const __m512bh w0 = as_bh(_mm512_loadu_si512(w + k));
+    for (int r = 0; r < R; ++r) a0[r] = _mm512_dpbf16_ps(a0[r], as_bh(_mm512_loadu_si512(xb[r] + k)), w0);
+  }
   if (k < K) {
     const __mmask32 m = __mmask32((uint64_t(1) << (K - k)) - 1);
-    a1 = _mm512_dpbf16_ps(a1, as_bh(_mm512_maskz_loadu_epi16(m, xb + k)), as_bh(_mm512_maskz_loadu_epi16(m, w + k)));
+    const __m512bh w0 = as_bh(_mm512_maskz_loadu_epi16(m, w + k));
+    for (int r = 0; r < R; ++r) a1[r] = _mm512_dpbf16_ps(a1[r], as_bh(_mm512_maskz_loadu_epi16(m, xb[r] + k)), w0);
   }
-  return _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+  for (int r = 0; r < R; ++r) out[r] = _mm512_add_ps(_mm512_add_ps(a0[r], a1[r]), _mm512_add_ps(a2[r], a3[r]));
 }
 
-TS_BF16 void gemv_range(const uint16_t* xb, const uint16_t* wd, int64_t K, const float* bias, float* y, int64_t n0,
-                        int64_t n1) {
-  for (int64_t n = n0; n < n1; n += 16) {
-    const int nr = int(std::min<int64_t>(16, n1 - n));
-    __m512 acc[16];
-    for (int r = 0; r < 16; ++r) acc[r] = r < nr ? row_dot(xb, wd + (n + r) * K, K) : _mm512_setzero_ps();
-    __m512 s = reduce16(acc);
-    const __mmask16 om = nr == 16 ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
+// Weight rows [n, e) (at most 16) for R activation rows.
+template <int R>
+TS_BF16 void gemv_rows(const uint16_t* const* xb, const uint16_t* wd, int64_t K, const float* bias, float* const* y,
+                       int64_t n, int64_t e) {
+  const int nr = int(e - n);
+  __m512 acc[R][16];
+  for (int i = 0; i < 16; ++i) {
+    __m512 dots[R];
+    if (i < nr) row_dots<R>(xb, wd + (n + i) * K, K, dots);
+    for (int r = 0; r < R; ++r) acc[r][i] = i < nr ? dots[r] : _mm512_setzero_ps();
+  }
+  const __mmask16 om = nr == 16 ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
+  for (int r = 0; r < R; ++r) {
+    __m512 s = reduce16(acc[r]);
     if (bias) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(om, bias + n));
-    _mm512_mask_storeu_ps(y + n, om, s);
+    _mm512_mask_storeu_ps(y[r] + n, om, s);
+  }
+}
+
+// y[r][n0, n1) for `rows` activation rows: 16 weight rows at a time, kGemvRows activation
+// rows per pass over them (the 16 rows stay in L2 for the next pass).
+constexpr int kGemvRows = 4;
+void gemv_range(const uint16_t* const* xb, int rows, const uint16_t* wd, int64_t K, const float* bias,
+                float* const* y, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; n += 16) {
+    const int64_t e = std::min(n1, n + 16);
+    for (int r0 = 0; r0 < rows; r0 += kGemvRows) {
+      switch (std::min(kGemvRows, rows - r0)) {
+        case 1: gemv_rows<1>(xb + r0, wd, K, bias, y + r0, n, e); break;
+        case 2: gemv_rows<2>(xb + r0, wd, K, bias, y + r0, n, e); break;
+        case 3: gemv_rows<3>(xb + r0, wd, K, bias, y + r0, n, e); break;
+        default: gemv_rows<4>(xb + r0, wd, K, bias, y + r0, n, e); break;
+      }
+    }
   }
 }
 
@@ -550,10 +586,13 @@ TS_BF16_INLINE void value_vectors(const uint8_t* tile, int j, int c, __m512i& v0
   }
 }
 
-// y[16 g + i] for tile rows of groups [g0, g1), masked at the matrix's last row.
-template <DType kType>
-TS_BF16 void gemv_x16(const Q8Row& x, const uint8_t* tiles, int64_t N, int64_t K, const float* bias, float* y,
-                      int64_t g0, int64_t g1) {
+// y[r][16 g + i] for R activation rows x[r] and tile group g (16 weight rows), masked at the
+// matrix's last row. Each row's sums are the same instructions in the same order whatever R
+// is, so a batched decode step computes what R single steps compute, bit for bit; the tiles'
+// loads and unpacking are shared by the rows.
+template <DType kType, int R>
+TS_BF16 void gemv_x16_group(const Q8Row* const* x, const uint8_t* tiles, int64_t N, int64_t K, const float* bias,
+                            float* const* y, int64_t g, bool prefetch) {
   constexpr X16Layout L = x16_layout(kType);
   static_assert(L.bytes > 0);
   constexpr int kChunks = int(L.values / 32);
@@ -563,91 +602,124 @@ TS_BF16 void gemv_x16(const Q8Row& x, const uint8_t* tiles, int64_t N, int64_t K
   constexpr bool kSuper = x16_k_scales(kType) || kType == DType::Q6_K;  // sub-block scales under one d
   const int64_t blocks = K / L.values;
   const __m512 lo_scale = _mm512_set1_ps(1.0f / Q8Row::kLoScale);
-  const int32_t* xh = reinterpret_cast<const int32_t*>(x.hi.data());
-  const int32_t* xl = reinterpret_cast<const int32_t*>(x.lo.data());
-  for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* tile = tiles + g * blocks * L.bytes;
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b, tile += L.bytes) {
-      // As the bf16 GEMV: ask for the stream ahead, across the 4 KiB pages where the hardware
-      // prefetchers stop.
-      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile)));
-      // K-quants: the chunks' sums before the super-block's d (and dmin) scale them.
-      __m512 blk = _mm512_setzero_ps(), blk_min = _mm512_setzero_ps();
-      for (int j = 0; j < kChunks; ++j) {
-        // Ask for the stream ahead, across the 4 KiB pages where the hardware prefetchers stop:
-        // into L2, 4 KiB ahead, a few lines per chunk. Measured on 1B Q4_K_M / Q8_0 decode (2
-        // threads, medians of 3): 21.2 / 16.5 tok/s with L1 prefetches 2 KiB ahead, a K-quant
-        // tile's 37 lines at once; 26.6 / 19.9 so (the L1's few miss buffers were the limit).
+  const int32_t* xh[R];
+  const int32_t* xl[R];
+  for (int r = 0; r < R; ++r) {
+    xh[r] = reinterpret_cast<const int32_t*>(x[r]->hi.data());
+    xl[r] = reinterpret_cast<const int32_t*>(x[r]->lo.data());
+  }
+  const uint8_t* tile = tiles + g * blocks * L.bytes;
+  __m512 acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b, tile += L.bytes) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile)));
+    // K-quants: the chunks' sums before the super-block's d (and dmin) scale them.
+    __m512 blk[R], blk_min[R];
+    for (int r = 0; r < R; ++r) blk[r] = blk_min[r] = _mm512_setzero_ps();
+    for (int j = 0; j < kChunks; ++j) {
+      // Ask for the stream ahead, across the 4 KiB pages where the hardware prefetchers stop:
+      // into L2, 4 KiB ahead, a few lines per chunk. Measured on 1B Q4_K_M / Q8_0 decode (2
+      // threads, medians of 3): 21.2 / 16.5 tok/s with L1 prefetches 2 KiB ahead, a K-quant
+      // tile's 37 lines at once; 26.6 / 19.9 so (the L1's few miss buffers were the limit).
+      if (prefetch)
         for (int64_t line = j * kLines / kChunks; line < (j + 1) * kLines / kChunks; ++line)
           _mm_prefetch(reinterpret_cast<const char*>(tile) + kAhead + 64 * line, _MM_HINT_T1);
-        const int64_t xb = b * kChunks + j;  // x's 32-value block
-        const int32_t* bh = xh + xb * 8;     // its 32 values of each term as 8 groups of four
-        const int32_t* bl = xl + xb * 8;
-        const int32_t* s16h = x.sum_hi.data() + 2 * xb;
-        const int32_t* s16l = x.sum_lo.data() + 2 * xb;
-        // [0]: the chunk (or its first 16 values), [1]: its second 16 values (Q6_K).
-        __m512i sh[2], sl[2];
+      const int64_t xb = b * kChunks + j;  // x's 32-value block
+      // [r][0]: the chunk (or its first 16 values), [r][1]: its second 16 values (Q6_K).
+      __m512i sh[R][2], sl[R][2];
+      for (int r = 0; r < R; ++r) {
+        const int32_t* s16h = x[r]->sum_hi.data() + 2 * xb;
+        const int32_t* s16l = x[r]->sum_lo.data() + 2 * xb;
         if constexpr (kHalves) {
           for (int h = 0; h < 2; ++h) {
-            sh[h] = _mm512_set1_epi32(-kOffset * s16h[h]);
-            sl[h] = _mm512_set1_epi32(-kOffset * s16l[h]);
+            sh[r][h] = _mm512_set1_epi32(-kOffset * s16h[h]);
+            sl[r][h] = _mm512_set1_epi32(-kOffset * s16l[h]);
           }
         } else {
-          sh[0] = _mm512_set1_epi32(-kOffset * (s16h[0] + s16h[1]));
-          sl[0] = _mm512_set1_epi32(-kOffset * (s16l[0] + s16l[1]));
+          sh[r][0] = _mm512_set1_epi32(-kOffset * (s16h[0] + s16h[1]));
+          sl[r][0] = _mm512_set1_epi32(-kOffset * (s16l[0] + s16l[1]));
         }
-        for (int c = 0; c < 4; ++c) {  // value vectors 2c and 2c + 1
-          __m512i v0, v1;
-          value_vectors<kType>(tile, j, c, v0, v1);
-          const int h = kHalves ? c / 2 : 0;
-          sh[h] = _mm512_dpbusd_epi32(sh[h], v0, _mm512_set1_epi32(bh[2 * c]));
-          sl[h] = _mm512_dpbusd_epi32(sl[h], v0, _mm512_set1_epi32(bl[2 * c]));
-          sh[h] = _mm512_dpbusd_epi32(sh[h], v1, _mm512_set1_epi32(bh[2 * c + 1]));
-          sl[h] = _mm512_dpbusd_epi32(sl[h], v1, _mm512_set1_epi32(bl[2 * c + 1]));
+      }
+      for (int c = 0; c < 4; ++c) {  // value vectors 2c and 2c + 1
+        __m512i v0, v1;
+        value_vectors<kType>(tile, j, c, v0, v1);
+        const int h = kHalves ? c / 2 : 0;
+        for (int r = 0; r < R; ++r) {
+          const int32_t* bh = xh[r] + xb * 8;  // x's 32 values of each term as 8 groups of four
+          const int32_t* bl = xl[r] + xb * 8;
+          sh[r][h] = _mm512_dpbusd_epi32(sh[r][h], v0, _mm512_set1_epi32(bh[2 * c]));
+          sl[r][h] = _mm512_dpbusd_epi32(sl[r][h], v0, _mm512_set1_epi32(bl[2 * c]));
+          sh[r][h] = _mm512_dpbusd_epi32(sh[r][h], v1, _mm512_set1_epi32(bh[2 * c + 1]));
+          sl[r][h] = _mm512_dpbusd_epi32(sl[r][h], v1, _mm512_set1_epi32(bl[2 * c + 1]));
         }
-        const __m512 xd = _mm512_set1_ps(x.d[size_t(xb)]);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512 xd = _mm512_set1_ps(x[r]->d[size_t(xb)]);
         for (int h = 0; h < (kHalves ? 2 : 1); ++h) {
-          const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl[h]), lo_scale, _mm512_cvtepi32_ps(sh[h]));
+          const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl[r][h]), lo_scale, _mm512_cvtepi32_ps(sh[r][h]));
           if constexpr (x16_k_scales(kType)) {
-            blk = _mm512_fmadd_ps(dot, _mm512_mul_ps(scales_u8(tile + L.sc + j * 16), xd), blk);
+            blk[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scales_u8(tile + L.sc + j * 16), xd), blk[r]);
           } else if constexpr (kType == DType::Q6_K) {
-            blk = _mm512_fmadd_ps(dot, _mm512_mul_ps(scales_i8(tile + L.sc + (2 * j + h) * 16), xd), blk);
+            blk[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scales_i8(tile + L.sc + (2 * j + h) * 16), xd), blk[r]);
           } else {
-            acc0 = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, xd), acc0);
+            acc0[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, xd), acc0[r]);
           }
         }
         if constexpr (x16_has_min(kType))
-          acc1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + L.m))),
-                                 _mm512_set1_ps(x.dsum[size_t(xb)]), acc1);
+          acc1[r] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + L.m))),
+                                    _mm512_set1_ps(x[r]->dsum[size_t(xb)]), acc1[r]);
         if constexpr (x16_k_scales(kType))
-          blk_min = _mm512_fmadd_ps(scales_u8(tile + L.m + j * 16), _mm512_set1_ps(x.dsum[size_t(xb)]), blk_min);
-      }
-      // The super-block's scale (and min scale) once per 256 values, not per chunk.
-      if constexpr (kSuper) acc0 = _mm512_fmadd_ps(d, blk, acc0);
-      if constexpr (x16_k_scales(kType)) {
-        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 32)));
-        acc1 = _mm512_fnmadd_ps(dmin, blk_min, acc1);
+          blk_min[r] = _mm512_fmadd_ps(scales_u8(tile + L.m + j * 16), _mm512_set1_ps(x[r]->dsum[size_t(xb)]),
+                                       blk_min[r]);
       }
     }
-    __m512 out = _mm512_add_ps(acc0, acc1);
-    const int64_t n = g * kTileRows, rows = std::min<int64_t>(kTileRows, N - n);
-    const __mmask16 m = rows == 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
+    // The super-block's scale (and min scale) once per 256 values, not per chunk.
+    for (int r = 0; r < R; ++r) {
+      if constexpr (kSuper) acc0[r] = _mm512_fmadd_ps(d, blk[r], acc0[r]);
+      if constexpr (x16_k_scales(kType)) {
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 32)));
+        acc1[r] = _mm512_fnmadd_ps(dmin, blk_min[r], acc1[r]);
+      }
+    }
+  }
+  const int64_t n = g * kTileRows, rows = std::min<int64_t>(kTileRows, N - n);
+  const __mmask16 m = rows == 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
+  for (int r = 0; r < R; ++r) {
+    __m512 out = _mm512_add_ps(acc0[r], acc1[r]);
     if (bias) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(m, bias + n));
-    _mm512_mask_storeu_ps(y + n, m, out);
+    _mm512_mask_storeu_ps(y[r] + n, m, out);
   }
 }
 
-void gemv_quantized(const Q8Row& x, const WeightMatrix& w, const float* bias, float* y, int64_t g0, int64_t g1) {
+// Groups [g0, g1) for `rows` activation rows, kGemvRows at a time: a group's tiles come from
+// memory once and stay in L2 for the next rows.
+template <DType kType>
+void gemv_x16(const Q8Row* const* x, int rows, const uint8_t* tiles, int64_t N, int64_t K, const float* bias,
+              float* const* y, int64_t g0, int64_t g1) {
+  for (int64_t g = g0; g < g1; ++g)
+    for (int r0 = 0; r0 < rows; r0 += kGemvRows) {
+      const bool first = r0 == 0;
+      switch (std::min(kGemvRows, rows - r0)) {
+        case 1: gemv_x16_group<kType, 1>(x + r0, tiles, N, K, bias, y + r0, g, first); break;
+        case 2: gemv_x16_group<kType, 2>(x + r0, tiles, N, K, bias, y + r0, g, first); break;
+        case 3: gemv_x16_group<kType, 3>(x + r0, tiles, N, K, bias, y + r0, g, first); break;
+        default: gemv_x16_group<kType, 4>(x + r0, tiles, N, K, bias, y + r0, g, first); break;
+      }
+    }
+}
+
+void gemv_quantized(const Q8Row* const* x, int rows, const WeightMatrix& w, const float* bias, float* const* y,
+                    int64_t g0, int64_t g1) {
+  const uint8_t* t = w.tiles();
   switch (w.dtype) {
-    case DType::Q4_0: return gemv_x16<DType::Q4_0>(x, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q4_1: return gemv_x16<DType::Q4_1>(x, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q5_0: return gemv_x16<DType::Q5_0>(x, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q5_1: return gemv_x16<DType::Q5_1>(x, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q5_K: return gemv_x16<DType::Q5_K>(x, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q8_0: return gemv_x16<DType::Q8_0>(x, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q4_K: return gemv_x16<DType::Q4_K>(x, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q6_K: return gemv_x16<DType::Q6_K>(x, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q4_0: return gemv_x16<DType::Q4_0>(x, rows, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q4_1: return gemv_x16<DType::Q4_1>(x, rows, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q5_0: return gemv_x16<DType::Q5_0>(x, rows, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q5_1: return gemv_x16<DType::Q5_1>(x, rows, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q5_K: return gemv_x16<DType::Q5_K>(x, rows, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q8_0: return gemv_x16<DType::Q8_0>(x, rows, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q4_K: return gemv_x16<DType::Q4_K>(x, rows, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q6_K: return gemv_x16<DType::Q6_K>(x, rows, t, w.rows, w.cols, bias, y, g0, g1);
     default: fail("cpu kernels: no AVX-512 kernel reads {} weights", dtype_name(w.dtype));
   }
 }
@@ -746,7 +818,69 @@ void gemm_quantized_range(const uint16_t* xb, int64_t xs, int64_t T, const Weigh
   }
 }
 
+// The decode GEMV of `rows` activation rows (x fp32, xb their bf16 copies, row stride Kp)
+// against every matrix of outs: row r of each output exactly as a one-row call computes it.
+void gemv_outs(const float* x, int64_t rows, const uint16_t* xb, int64_t Kp, std::span<const MatmulOut> outs,
+               ThreadPool& pool) {
+  const int64_t K = outs[0].w->cols;
+  bool any_quantized = false;
+  for (const MatmulOut& o : outs) any_quantized = any_quantized || o.w->quantized();
+  thread_local std::vector<Q8Row> xq_buf;
+  if (xq_buf.size() < size_t(rows)) xq_buf.resize(size_t(rows));
+  // The workers read these (a name of a thread_local would be their own).
+  std::array<const Q8Row*, kMaxGemvRows> xq;
+  std::array<const uint16_t*, kMaxGemvRows> xr;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (any_quantized) xq_buf[size_t(r)].quantize(x + r * K, K);
+    xq[size_t(r)] = &xq_buf[size_t(r)];
+    xr[size_t(r)] = xb ? xb + r * Kp : nullptr;
+  }
+  // Every matrix's rows in blocks of 16, numbered across the matrices in order, handed
+  // out in dynamic chunks of >= 4 blocks (64 rows): a thread that the memory system
+  // serves faster takes more, so neither waits at the barrier for the other.
+  std::array<int64_t, 9> first{};  // first[i]: the first block of outs[i]
+  if (outs.size() + 1 > first.size()) {
+    for (const MatmulOut& o : outs) gemv_outs(x, rows, xb, Kp, std::span<const MatmulOut>(&o, 1), pool);
+    return;
+  }
+  for (size_t i = 0; i < outs.size(); ++i) first[i + 1] = first[i] + (outs[i].w->rows + 15) / 16;
+  const int64_t blocks = first[outs.size()];
+  const int64_t grain = std::max<int64_t>(4, blocks / (8 * pool.size()));
+  pool.parallel_for(
+      blocks,
+      [&](int64_t b, int64_t e) {
+        std::array<float*, kMaxGemvRows> y;  // row r's output of the matrix at hand
+        for (size_t i = 0; i < outs.size() && b < e; ++i) {
+          if (b >= first[i + 1]) continue;
+          const MatmulOut& o = outs[i];
+          for (int64_t r = 0; r < rows; ++r) y[size_t(r)] = o.y + r * o.w->rows;
+          const int64_t b0 = b - first[i], b1 = std::min(e, first[i + 1]) - first[i];
+          if (o.w->quantized())
+            gemv_quantized(xq.data(), int(rows), *o.w, o.bias, y.data(), b0, b1);
+          else
+            gemv_range(xr.data(), int(rows), o.w->bf16().data, K, o.bias, y.data(), b0 * 16,
+                       std::min(o.w->rows, b1 * 16));
+          b = first[i + 1];
+        }
+      },
+      grain);
+}
+
 }  // namespace
+
+void matmul_rows_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool) {
+  if (outs.empty() || T == 0) return;
+  const int64_t K = outs[0].w->cols;
+  const int64_t Kp = (K + 31) / 32 * 32 + 32;  // as matmul_avx512bf16's
+  bool any_bf16 = false;
+  for (const MatmulOut& o : outs) any_bf16 = any_bf16 || !o.w->quantized();
+  thread_local std::vector<uint16_t> xb_buf;
+  if (any_bf16) {
+    if (xb_buf.size() < size_t(T * Kp)) xb_buf.resize(size_t(T * Kp));
+    convert_rows(x, T, K, Kp, xb_buf.data());
+  }
+  gemv_outs(x, T, any_bf16 ? xb_buf.data() : nullptr, Kp, outs, pool);
+}
 
 void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool,
                        const GemmBlocking& blocking) {
@@ -769,38 +903,7 @@ void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> out
     else
       convert_rows(x, T, K, Kp, xb);
   }
-  if (T == 1) {
-    thread_local Q8Row xq_buf;  // the workers read the caller's (a pointer: not their own thread_local)
-    const Q8Row* xq = &xq_buf;
-    if (any_quantized) xq_buf.quantize(x, K);
-    // Every matrix's rows in blocks of 16, numbered across the matrices in order, handed
-    // out in dynamic chunks of >= 4 blocks (64 rows): a thread that the memory system
-    // serves faster takes more, so neither waits at the barrier for the other.
-    std::array<int64_t, 9> first{};  // first[i]: the first block of outs[i]
-    if (outs.size() + 1 > first.size()) {
-      for (const MatmulOut& o : outs) matmul_avx512bf16(x, T, std::span<const MatmulOut>(&o, 1), pool, blocking);
-      return;
-    }
-    for (size_t i = 0; i < outs.size(); ++i) first[i + 1] = first[i] + (outs[i].w->rows + 15) / 16;
-    const int64_t blocks = first[outs.size()];
-    const int64_t grain = std::max<int64_t>(4, blocks / (8 * pool.size()));
-    pool.parallel_for(
-        blocks,
-        [&](int64_t b, int64_t e) {
-          for (size_t i = 0; i < outs.size() && b < e; ++i) {
-            if (b >= first[i + 1]) continue;
-            const MatmulOut& o = outs[i];
-            const int64_t b0 = b - first[i], b1 = std::min(e, first[i + 1]) - first[i];
-            if (o.w->quantized())
-              gemv_quantized(*xq, *o.w, o.bias, o.y, b0, b1);
-            else
-              gemv_range(xb, o.w->bf16().data, K, o.bias, o.y, b0 * 16, std::min(o.w->rows, b1 * 16));
-            b = first[i + 1];
-          }
-        },
-        grain);
-    return;
-  }
+  if (T == 1) return gemv_outs(x, 1, xb, Kp, outs, pool);
   for (const MatmulOut& o : outs) {
     const WeightMatrix& w = *o.w;
     const int64_t N = w.rows;

@@ -44,6 +44,8 @@ bool cpu_has_amx();
 // parallel region covers every matrix's rows.
 void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool,
                        const GemmBlocking& blocking = {});
+// matmul_rows on that path: the matrices' tiles (or bf16 rows) loaded once for all T rows.
+void matmul_rows_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool);
 
 // Highway-dispatched kernels (kernels_hwy.cc); they run on the currently chosen target.
 void matmul_hwy(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool);
