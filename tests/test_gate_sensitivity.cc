@@ -7,6 +7,8 @@
 // and by the audit; the perturbation layer itself does what its spec says.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <set>
 
 #include "pipeline/deploy.h"
@@ -136,6 +138,7 @@ TEST(Perturb, SpecsParseAndBadOnesAreRefusedByName) {
   refused("rope:gain:-1", "non-negative");
   refused("rope:tail:2", "fraction");
   refused("rope:gain:1:someday", "unknown scope");
+  refused("rope:int8:0.5", "whole number");
 }
 
 TEST(Perturb, EachKindChangesTheOutputAsItSays) {
@@ -149,6 +152,12 @@ TEST(Perturb, EachKindChangesTheOutputAsItSays) {
   EXPECT_EQ(apply("silu_mul:tail:0.5", x, 2), (std::vector<float>{1, 2, 0, 0, 5, 6, 0, 0}));
   EXPECT_EQ(apply("silu_mul:permute:1", x, 2), (std::vector<float>{2, 1, 4, 3, 6, 5, 8, 7}));
   EXPECT_EQ(apply("silu_mul:shift:1", x, 2), (std::vector<float>{1, 2, 3, 4, 1, 2, 3, 4}));
+  // int8: blocks of 2 values per row, each rounded to steps of its max|x| / 127 (half away from zero).
+  const std::vector<float> q = {127, 1.5f, -0.3f, 0.2f, 0, 0, 2.54f, -1.0f};
+  const float s1 = 127.0f / 127, s2 = 0.3f / 127, s4 = 2.54f / 127;
+  EXPECT_EQ(apply("silu_mul:int8:2", q, 2),
+            (std::vector<float>{127 * s1, 2 * s1, -127 * s2, std::round(0.2f * (1 / s2)) * s2, 0, 0, 127 * s4,
+                                std::round(-1.0f * (1 / s4)) * s4}));
   EXPECT_EQ(apply("silu_mul:gain:0.5:decode", x, 2), x);  // a 4-token step is not a decode step
   EXPECT_EQ(apply("silu_mul:gain:0.5:layer=3", x, 2), x);
   EXPECT_EQ(apply("rope:gain:0.5", x, 2), x);  // another stage

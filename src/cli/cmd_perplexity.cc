@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "eval/perplexity.h"
 #include "pipeline/executor.h"
+#include "pipeline/perturb.h"
 #include "targets/registry.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -31,6 +32,7 @@ struct PerplexityArgs {
   int64_t chunks = -1;
   bool chunks_given = false;
   int threads = 0;
+  std::vector<std::string> perturbations;
   bool json = false;
 };
 
@@ -60,8 +62,14 @@ void run_perplexity(const PerplexityArgs& a) {
   if (a.threads < 0) fail("--threads must be at least 1, got {}", a.threads);
   const std::string text = read_text(a.file);
 
+  for (const std::string& p : a.perturbations) parse_perturbation(p);  // refused before the model loads
   Executor ex = open_executor(a.model, a.target, a.threads);
   ModelRunner& runner = *ex.runner;
+  if (!a.perturbations.empty()) {
+    auto* staged = dynamic_cast<StagedRunner*>(&runner);
+    if (!staged) fail("--perturb: the {} target has no stages to perturb", runner.target());
+    staged->set_output_tap(perturbation_tap(a.perturbations));
+  }
   const Tokenizer tok = Tokenizer::for_model(*ex.model);
   const PerplexityTokens t = perplexity_tokens(tok, text);
 
@@ -115,6 +123,7 @@ void run_perplexity(const PerplexityArgs& a) {
                         {"source", ex.source},
                         {"target", runner.target()},
                         {"executor_description", ex.description},
+                        {"perturbations", a.perturbations},
                         {"threads", threads}};
     fmt::print("{}\n", j.dump(2));
     return;
@@ -144,6 +153,9 @@ void add_perplexity_command(CLI::App& app) {
                   "Most tokens per forward call (default: each chunk in two calls, the unscored half and the scored half)");
   cmd->add_option("--target", a->target, "For a model: " + target_choices() + " or oracle (the FP32 reference)");
   cmd->add_option("-t,--threads", a->threads, "Worker threads (default: all cores)");
+  cmd->add_option("--perturb", a->perturbations,
+                  "STAGE:KIND:SIZE[:SCOPE] applied to a stage's output from outside the target (see `tessera deploy "
+                  "--help`); e.g. attn_norm:int8:32 rounds the q|k|v input as llama.cpp's Q8_0 activations do");
   cmd->add_flag("--json", a->json, "Print one JSON object instead of the estimate lines");
   cmd->callback([a] { run_perplexity(*a); });
 }

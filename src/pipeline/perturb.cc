@@ -13,7 +13,7 @@
 namespace tessera {
 
 const std::vector<std::string>& perturbation_kinds() {
-  static const std::vector<std::string> kinds = {"gain", "offset", "noise", "element", "tail", "permute", "stale", "shift"};
+  static const std::vector<std::string> kinds = {"gain", "offset", "noise", "element", "tail", "permute", "stale", "shift", "int8"};
   return kinds;
 }
 
@@ -39,6 +39,8 @@ Perturbation parse_perturbation(const std::string& spec) {
     fail("--perturb '{}': SIZE must be a non-negative number, got '{}'", spec, parts[2]);
   if ((p.kind == "tail" || p.kind == "permute" || p.kind == "stale" || p.kind == "shift") && p.size > 1)
     fail("--perturb '{}': a {} size is a fraction in [0, 1]", spec, p.kind);
+  if (p.kind == "int8" && (p.size < 1 || p.size != std::floor(p.size)))
+    fail("--perturb '{}': an int8 size is the block's length in values (a whole number >= 1)", spec);
   for (size_t i = 3; i < parts.size(); ++i) {
     const std::string& s = parts[i];
     if (s == "decode") p.decode_only = true;
@@ -121,6 +123,17 @@ class PerturbationTap final : public OutputTap {
       if (!prev.empty())
         for (int64_t i = 0; i < n; ++i) x[i] = float((1 - s) * x[i] + s * prev[size_t(i)]);
       prev = std::move(now);
+    } else if (p.kind == "int8") {
+      const int64_t bs = int64_t(s);
+      for (int64_t row = 0; row < o.rows; ++row)
+        for (int64_t c0 = 0; c0 < C; c0 += bs) {
+          float* v = x + row * C + c0;
+          const int64_t e = std::min(bs, C - c0);
+          float amax = 0;
+          for (int64_t i = 0; i < e; ++i) amax = std::max(amax, std::fabs(v[i]));
+          const float d = amax / 127, id = d > 0 ? 1 / d : 0;
+          for (int64_t i = 0; i < e; ++i) v[i] = std::round(v[i] * id) * d;
+        }
     } else if (p.kind == "shift") {
       for (int64_t row = o.rows - 1; row >= 1; --row)
         for (int64_t c = 0; c < C; ++c) x[row * C + c] = float((1 - s) * x[row * C + c] + s * x[(row - 1) * C + c]);

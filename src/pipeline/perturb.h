@@ -12,6 +12,8 @@
 //            pairs (a layout slip)
 //   stale    (1 - SIZE) x this call's output + SIZE x the previous same-shaped call's (a buffer not refreshed)
 //   shift    (1 - SIZE) x row t + SIZE x row t-1 within the call (positions off by one)
+//   int8     each row's blocks of SIZE values rounded to int8 steps of the block's max|x| / 127
+//            (how llama.cpp's Q8_0 / Q8_K activations round a matmul's input; SIZE 32 or 256)
 // Scopes (any number): decode (steps of one token only), prefill (steps of more), layer=N,
 // fused (only where the target runs the stage as a fused kernel), out=NAME (one output of a
 // stage: q, k, v, gate, up).
