@@ -329,19 +329,32 @@ void LayeredRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& pro
   const LinearOut qkv[] = {{L.q->name, bias(L.q_bias), q}, {L.k->name, bias(L.k_bias), k}, {L.v->name, bias(L.v_bias), v}};
   op_linears(Stage::QkvProj, x, T, qkv);
 
-  each_row([&](int64_t r, int64_t n) {
-    if (batched_rows()) select_sequence(batch_[size_t(r)]);
+  auto rope_rows = [&](int64_t r, int64_t n) {
     count(Stage::Rope);
     op_rope(l, q + r * Q, k + r * KV, n, position_);
+  };
+  auto attend_rows = [&](int64_t r, int64_t n) {
     const int64_t rel = position_ - base_;  // the cache holds positions [base_, position_)
     count(Stage::KvWrite);
     op_kv_write(l, rel, k + r * KV, v + r * KV, n);
     count(Stage::Attention);
     op_attention(l, q + r * Q, n, rel, attn + r * Q);
-  });
-  emit(ProbeLevel::All, "q", q, Q);
-  emit(ProbeLevel::All, "k", k, KV);
-  emit(ProbeLevel::All, "v", v, KV);
+  };
+  if (!batched_rows()) {
+    rope_rows(0, T);
+    // The probes see q and k as RoPE leaves them, before anything else reads them (what a
+    // debug skill compares a consumer's view with).
+    emit(ProbeLevel::All, "q", q, Q);
+    emit(ProbeLevel::All, "k", k, KV);
+    emit(ProbeLevel::All, "v", v, KV);
+    attend_rows(0, T);
+  } else {
+    for (int64_t r = 0; r < T; ++r) {  // each row on its own sequence's positions and cache
+      select_sequence(batch_[size_t(r)]);
+      rope_rows(r, 1);
+      attend_rows(r, 1);
+    }
+  }
   emit(ProbeLevel::All, "attn", attn, Q);
 
   count(Stage::OProj);
