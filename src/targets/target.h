@@ -32,6 +32,11 @@ class ModelRunner {
   virtual void truncate(int64_t positions) = 0;
   // How many times each op ran on this target since construction ("gemm", "attention", ...).
   virtual std::map<std::string, int64_t> op_counters() const { return {}; }
+  // Another runner of the same model with an empty KV cache of its own that shares this
+  // one's weights (held once) and runs exactly the same code, for serving several sequences;
+  // null where the target cannot share its weights. Siblings may share worker threads: run
+  // them one at a time.
+  virtual std::unique_ptr<ModelRunner> sibling() { return nullptr; }
 };
 
 // The oracle as a runner (the reference every target is gated against).
