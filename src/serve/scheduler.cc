@@ -272,6 +272,13 @@ void Scheduler::loop() {
       }
     }
     decode_step(decoding);
+    {
+      // The gauges as this step left them (a request that just finished is no longer active).
+      std::lock_guard<std::mutex> l(m_);
+      int64_t active = 0;
+      for (const Slot& s : slots_) active += s.job ? 1 : 0;
+      metrics_.gauges(int64_t(queue_.size()), active);
+    }
   }
 }
 
