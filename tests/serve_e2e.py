@@ -321,6 +321,21 @@ def test_queue_full(model):
     check(s.stop() == 0, "queue server stops cleanly")
 
 
+def test_refusals(model):
+    # A deployment serves only on cpu and only once phase 6 passed (the checks `tessera run` makes).
+    for target, want in [("npusim", "serves the cpu target only"), ("cpu", "has not passed phase 6")]:
+        d = os.path.join(TMP, f"dep_{target}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "state.json"), "w") as f:
+            json.dump({"format": "tessera-deployment/1", "identity": {"target": target, "model_path": model},
+                       "phases": {"0": {"status": "passed"}}}, f)
+        r = subprocess.run([BIN, "serve", d, "--port", "0"], capture_output=True, text=True, timeout=60)
+        check(r.returncode != 0 and want in r.stderr, f"a {target} deployment (phase 6 not passed) is refused: {want!r} "
+              f"(exit {r.returncode}: {r.stderr.strip()[-160:]!r})")
+    r = subprocess.run([BIN, "serve", model, "--port", "0", "--parallel", "0"], capture_output=True, text=True, timeout=60)
+    check(r.returncode != 0 and "--parallel" in r.stderr, "--parallel 0 is refused")
+
+
 def test_default_model():
     # One short run on the default model (SmolLM2-135M-Instruct): served greedy equals `tessera run`.
     t0 = time.time()
@@ -354,6 +369,7 @@ if __name__ == "__main__":
     model = tiny_model()
     test_tiny(model)
     test_queue_full(model)
+    test_refusals(model)
     if os.environ.get("TESSERA_SERVE_E2E_TINY_ONLY"):
         print("default model: not run here (TESSERA_SERVE_E2E_TINY_ONLY: the sanitizer build)")
     else:
