@@ -334,6 +334,10 @@ def test_refusals(model):
               f"(exit {r.returncode}: {r.stderr.strip()[-160:]!r})")
     r = subprocess.run([BIN, "serve", model, "--port", "0", "--parallel", "0"], capture_output=True, text=True, timeout=60)
     check(r.returncode != 0 and "--parallel" in r.stderr, "--parallel 0 is refused")
+    r = subprocess.run([BIN, "serve", model, "--port", "0", "--prefill-chunk", "8"], capture_output=True, text=True,
+                       timeout=60)
+    check(r.returncode != 0 and "--prefill-chunk" in r.stderr and "listening" not in r.stderr,
+          "--prefill-chunk 8 is refused before listening")
 
 
 def test_default_model():

@@ -45,7 +45,8 @@ void run_serve(const ServeArgs& a) {
   if (a.queue < 0) fail("--queue must be >= 0, got {}", a.queue);
   if (a.port < 0 || a.port > 65535) fail("--port must be in [0, 65535], got {}", a.port);
   if (a.timeout < 1) fail("--timeout must be >= 1 second, got {}", a.timeout);
-  if (a.prefill_chunk < 0) fail("--prefill-chunk must be >= 0, got {}", a.prefill_chunk);
+  if (a.prefill_chunk < 0 || (a.prefill_chunk > 0 && a.prefill_chunk < int(serve::kMinPrefillRows)))
+    fail("--prefill-chunk must be 0 or at least {}, got {}", serve::kMinPrefillRows, a.prefill_chunk);
   if (a.max_body_mib < 1) fail("--max-body must be >= 1 MiB, got {}", a.max_body_mib);
   // What cannot serve is refused before anything listens.
   if (is_deployment_dir(a.model)) {
@@ -138,7 +139,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--host", a->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", a->port, "TCP port (0: any free port, printed on stderr)")->capture_default_str();
   cmd->add_option("--parallel", a->parallel,
-                  "Slots: sequences generated side by side, each with its own KV cache, all on one copy of the weights")
+                  "Slots: requests served at once, each with its own KV cache, all on one copy of the weights (each decode "
+                  "step runs every slot's next token, one slot after another)")
       ->capture_default_str();
   cmd->add_option("--ctx-size", a->ctx_size, "Tokens per slot, prompt and answer (0: the model's context)")
       ->capture_default_str();
@@ -148,7 +150,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--timeout", a->timeout, "Seconds a connection may stall reading or writing")->capture_default_str();
   cmd->add_option("--threads", a->threads, "Worker threads (default: all cores; a deployment: its recorded threads)");
   cmd->add_option("--prefill-chunk", a->prefill_chunk,
-                  "Prompt tokens prefilled per scheduler step between decode steps (0: a whole prompt at once)")
+                  "Prompt tokens prefilled per scheduler step between decode steps, at least 16 (0: a whole prompt at once)")
       ->capture_default_str();
   cmd->add_option("--max-body", a->max_body_mib, "Largest request body in MiB (413 beyond)")->capture_default_str();
   cmd->callback([a] { run_serve(*a); });

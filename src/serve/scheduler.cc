@@ -183,41 +183,39 @@ void Scheduler::decode_step(std::span<Slot*> slots) {
 }
 
 void Scheduler::decode_one(Slot& s) {
-  {
-    const SamplingParams& params = s.job->params;
-    const int32_t next = s.sampler->sample(s.logits, s.generated);
-    const auto now = Clock::now();
-    if (s.generated.empty()) metrics_.time_to_first_token(std::chrono::duration<double>(now - s.job->arrived).count());
-    else metrics_.inter_token_latency(std::chrono::duration<double>(now - s.last_token).count());
-    s.last_token = now;
-    if (std::binary_search(s.stop_ids.begin(), s.stop_ids.end(), next)) {
-      release(s, "stop");
-      return;
-    }
-    s.generated.push_back(next);
-    const std::string bytes = tokenizer_.is_special(next) ? tokenizer_.token_string(next) : tokenizer_.token_bytes(next);
-    std::optional<TokenOut> out;
-    if (params.logprobs) {
-      const std::vector<float> lg = s.sampler->penalized(s.logits, std::span(s.generated.data(), s.generated.size() - 1));
-      const LogprobEntry e = logprobs(lg, next, params.top_logprobs);
-      TokenOut t{next, bytes, e.chosen.logprob, {}};
-      for (const TokenLogprob& k : e.top)
-        t.top.push_back({tokenizer_.is_special(k.id) ? tokenizer_.token_string(k.id) : tokenizer_.token_bytes(k.id), k.logprob});
-      out = std::move(t);
-    }
-    const std::string text = s.holdback->push(s.utf8.push(bytes));
-    s.job->emit(text, out);
-    if (s.holdback->stopped()) {
-      release(s, "stop");
-      return;
-    }
-    if (int64_t(s.generated.size()) >= s.max_tokens || s.runner->position() + 1 > ctx_size_) {
-      release(s, "length");
-      return;
-    }
-    s.logits = s.runner->forward(std::span(&next, 1), /*all_logits=*/false);
-    s.cached.push_back(next);
+  const SamplingParams& params = s.job->params;
+  const int32_t next = s.sampler->sample(s.logits, s.generated);
+  const auto now = Clock::now();
+  if (s.generated.empty()) metrics_.time_to_first_token(std::chrono::duration<double>(now - s.job->arrived).count());
+  else metrics_.inter_token_latency(std::chrono::duration<double>(now - s.last_token).count());
+  s.last_token = now;
+  if (std::binary_search(s.stop_ids.begin(), s.stop_ids.end(), next)) {
+    release(s, "stop");
+    return;
   }
+  s.generated.push_back(next);
+  const std::string bytes = tokenizer_.is_special(next) ? tokenizer_.token_string(next) : tokenizer_.token_bytes(next);
+  std::optional<TokenOut> out;
+  if (params.logprobs) {
+    const std::vector<float> lg = s.sampler->penalized(s.logits, std::span(s.generated.data(), s.generated.size() - 1));
+    const LogprobEntry e = logprobs(lg, next, params.top_logprobs);
+    TokenOut t{next, bytes, e.chosen.logprob, {}};
+    for (const TokenLogprob& k : e.top)
+      t.top.push_back({tokenizer_.is_special(k.id) ? tokenizer_.token_string(k.id) : tokenizer_.token_bytes(k.id), k.logprob});
+    out = std::move(t);
+  }
+  const std::string text = s.holdback->push(s.utf8.push(bytes));
+  s.job->emit(text, out);
+  if (s.holdback->stopped()) {
+    release(s, "stop");
+    return;
+  }
+  if (int64_t(s.generated.size()) >= s.max_tokens || s.runner->position() + 1 > ctx_size_) {
+    release(s, "length");
+    return;
+  }
+  s.logits = s.runner->forward(std::span(&next, 1), /*all_logits=*/false);
+  s.cached.push_back(next);
 }
 
 void Scheduler::release(Slot& s, const std::string& reason, const std::string& error) {
