@@ -321,6 +321,20 @@ def test_queue_full(model):
     check(s.stop() == 0, "queue server stops cleanly")
 
 
+def test_deployment(model):
+    # A cpu deployment serves its frozen plan: the same answer as `tessera run DIR`.
+    d = os.path.join(TMP, "dep")
+    subprocess.run([BIN, "deploy", model, "--target", "cpu", "--out", d, "--threads", "2"], check=True,
+                   capture_output=True)
+    s = Server([d], ["--parallel", "2"])
+    s.wait_ready()
+    ref = run_json([d], "Hello there", 12, chat=True)
+    got = chat(s.client(key="unused"), "Hello there", 12).choices[0].message.content
+    check(got == ref["text"] and any("deployment" in line for line in s.stderr_lines),
+          "a cpu deployment serves its frozen plan: the answer of tessera run DIR")
+    check(s.stop() == 0, "deployment server stops cleanly")
+
+
 def test_refusals(model):
     # A deployment serves only on cpu and only once phase 6 passed (the checks `tessera run` makes).
     for target, want in [("npusim", "serves the cpu target only"), ("cpu", "has not passed phase 6")]:
@@ -374,6 +388,7 @@ if __name__ == "__main__":
     test_tiny(model)
     test_queue_full(model)
     test_refusals(model)
+    test_deployment(model)
     if os.environ.get("TESSERA_SERVE_E2E_TINY_ONLY"):
         print("default model: not run here (TESSERA_SERVE_E2E_TINY_ONLY: the sanitizer build)")
     else:
