@@ -335,6 +335,22 @@ def test_deployment(model):
     check(s.stop() == 0, "deployment server stops cleanly")
 
 
+def test_qwen3_thinking():
+    # Qwen3's thinking switch as a request field: the prompt `tessera run --thinking on|off` renders.
+    q = os.path.join(TMP, "qwen3")
+    subprocess.run([BIN, "synth", "--preset", "Qwen3-0.6B", "--tiny", "--out", q], check=True, capture_output=True)
+    s = Server([q])
+    s.wait_ready()
+    c = s.client(key="unused")
+    for switch in ["on", "off"]:
+        cmd = [BIN, "run", q, "--chat", "--prompt", "Hi", "-n", "4", "--thinking", switch, "--json", "--threads", "2"]
+        ref = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        r = chat(c, "Hi", 4, extra_body={"chat_template_kwargs": {"enable_thinking": switch == "on"}})
+        check(r.usage.prompt_tokens == len(ref["prompt_ids"]) and r.choices[0].message.content == ref["text"],
+              f"Qwen3 enable_thinking={switch == 'on'}: run --thinking {switch}'s prompt ({r.usage.prompt_tokens} tokens)")
+    check(s.stop() == 0, "qwen3 server stops cleanly")
+
+
 def test_refusals(model):
     # A deployment serves only on cpu and only once phase 6 passed (the checks `tessera run` makes).
     for target, want in [("npusim", "serves the cpu target only"), ("cpu", "has not passed phase 6")]:
@@ -389,6 +405,7 @@ if __name__ == "__main__":
     test_queue_full(model)
     test_refusals(model)
     test_deployment(model)
+    test_qwen3_thinking()
     if os.environ.get("TESSERA_SERVE_E2E_TINY_ONLY"):
         print("default model: not run here (TESSERA_SERVE_E2E_TINY_ONLY: the sanitizer build)")
     else:
