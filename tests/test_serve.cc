@@ -445,6 +445,13 @@ TEST(ServeScheduler, RefusesWhatCannotRun) {
   // A cancelled request frees its slot: the queued one runs.
   running->cancel();
   EXPECT_EQ(Served::collect(queued).second.finish_reason, "length");
+  // --queue 0: a free slot still takes a request.
+  SchedulerOptions none;
+  none.queue_size = 0;
+  Served z(1, none);
+  auto now = std::make_shared<Job>(std::vector<int32_t>{1, 2}, greedy(2));
+  EXPECT_EQ(api_error([&] { z.sched->submit(now); }).first, 0);
+  EXPECT_EQ(Served::collect(now).second.usage.completion_tokens, 2);
   // max_tokens beyond the context ends at the context.
   auto fill = std::make_shared<Job>(std::vector<int32_t>{1, 2}, greedy(1000));
   s.sched->submit(fill);

@@ -96,7 +96,8 @@ void Scheduler::submit(const std::shared_ptr<Job>& job) {
   {
     std::lock_guard<std::mutex> l(m_);
     if (stop_) throw ApiError(503, "the server is shutting down", "server_error");
-    if (int(queue_.size()) >= options_.queue_size)
+    // Free slots take requests at once; beyond them, queue_size may wait.
+    if (int(queue_.size()) >= options_.queue_size + (int(slots_.size()) - busy_))
       throw ApiError(429, fmt::format("the server is busy: {} requests are waiting for {} slots; retry later",
                                       queue_.size(), slots_.size()),
                      "rate_limit_error", "", "queue_full");
@@ -134,6 +135,7 @@ void Scheduler::admit(std::unique_lock<std::mutex>&) {
     }
     if (!best) return;
     queue_.pop_front();
+    ++busy_;
     Slot& s = *best;
     const size_t keep = best_keep;
     s.runner->truncate(int64_t(keep));
@@ -232,6 +234,10 @@ void Scheduler::release(Slot& s, const std::string& reason, const std::string& e
   metrics_.tokens(u.prompt_tokens, u.cached_tokens, u.completion_tokens);
   s.job->finish(reason, u, error);
   s.job.reset();
+  {
+    std::lock_guard<std::mutex> l(m_);
+    --busy_;
+  }
   s.sampler.reset();
   s.holdback.reset();
   s.last_used = Clock::now();

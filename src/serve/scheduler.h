@@ -79,7 +79,7 @@ constexpr size_t kMinPrefillRows = 16;
 
 struct SchedulerOptions {
   int64_t ctx_size = 0;      // per slot (prompt + generated); 0: the model's context
-  int queue_size = 16;       // requests waiting beyond the slots; more are refused (429)
+  int queue_size = 16;       // requests waiting for a busy slot; more are refused (429); 0: none wait
   int prefill_chunk = 64;    // prompt tokens per prefill step (>= kMinPrefillRows); 0: the whole prompt at once
 };
 
@@ -144,6 +144,7 @@ class Scheduler {
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
+  int busy_ = 0;  // slots running a request (admit() counts up, release() down)
   bool stop_ = false;
   std::thread thread_;
 };
