@@ -5,6 +5,7 @@ set -euo pipefail
 
 PACKAGES=(build-essential cmake pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev
           libgtest-dev libgmock-dev libpcre2-dev libutf8proc-dev libhwy-dev libssl-dev
+          libcpp-httplib-dev python3-venv curl
           ninja-build unzip ca-certificates)
 
 missing=()

@@ -22,5 +22,6 @@ void add_diagnose_command(CLI::App& app);
 void add_campaign_command(CLI::App& app);
 void add_kernels_command(CLI::App& app);
 void add_perplexity_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 }  // namespace tessera::cli

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <vector>
 
@@ -13,6 +14,51 @@ void SamplingOptions::validate() const {
   if (!(temperature >= 0.0f) || !std::isfinite(temperature)) fail("--temp must be >= 0, got {}", temperature);
   if (top_k < 0) fail("--top-k must be >= 0, got {}", top_k);
   if (!(top_p > 0.0f && top_p <= 1.0f)) fail("--top-p must be in (0, 1], got {}", top_p);
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
+    fail("frequency_penalty must be in [-2, 2], got {}", frequency_penalty);
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f))
+    fail("presence_penalty must be in [-2, 2], got {}", presence_penalty);
+  if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty))
+    fail("repetition_penalty must be > 0, got {}", repetition_penalty);
+}
+
+std::vector<float> Sampler::penalized(std::span<const float> logits, std::span<const int32_t> history) const {
+  std::vector<float> out(logits.begin(), logits.end());
+  if (!options_.penalizes()) return out;
+  std::map<int32_t, int> counts;
+  for (const int32_t id : history)
+    if (id >= 0 && size_t(id) < out.size()) counts[id]++;
+  for (const auto& [id, n] : counts) {
+    float& l = out[size_t(id)];
+    if (options_.repetition_penalty != 1.0f) l = l > 0 ? l / options_.repetition_penalty : l * options_.repetition_penalty;
+    l -= options_.frequency_penalty * float(n) + options_.presence_penalty;
+  }
+  return out;
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  if (!options_.penalizes() || history.empty()) return sample(logits);
+  const std::vector<float> p = penalized(logits, history);
+  return sample(p);
+}
+
+LogprobEntry logprobs(std::span<const float> logits, int32_t chosen, int top) {
+  LogprobEntry e;
+  if (logits.empty()) return e;
+  double mx = -INFINITY;
+  for (const float l : logits) mx = std::max(mx, double(l));
+  double sum = 0;
+  for (const float l : logits) sum += std::exp(double(l) - mx);
+  const double lse = mx + std::log(sum);
+  e.chosen = {chosen, float(double(logits[size_t(chosen)]) - lse)};
+  const size_t k = std::min(logits.size(), size_t(std::max(top, 0)));
+  std::vector<int32_t> idx(logits.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + long(k), idx.end(), [&](int32_t a, int32_t b) {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  });
+  for (size_t i = 0; i < k; ++i) e.top.push_back({idx[i], float(double(logits[size_t(idx[i])]) - lse)});
+  return e;
 }
 
 Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) { options.validate(); }

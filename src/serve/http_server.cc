@@ -1,0 +1,249 @@
+#include "serve/http_server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <ctime>
+#include <thread>
+
+#include "util/error.h"
+
+namespace tessera::serve {
+
+using json = nlohmann::json;
+
+namespace {
+
+const char* kJson = "application/json";
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(error_body(e), kJson);
+}
+
+std::string request_id(const char* prefix) {
+  static std::atomic<uint64_t> next{1};
+  return fmt::format("{}-{:x}{:06x}", prefix, uint64_t(std::time(nullptr)), next++);
+}
+
+// The label /metrics counts a path under (unknown paths together, so clients cannot grow it).
+std::string endpoint_label(const std::string& path) {
+  for (const char* known : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"})
+    if (path == known) return known;
+  return "other";
+}
+
+}  // namespace
+
+HttpServer::HttpServer(HttpOptions options, Metrics& metrics)
+    : options_(std::move(options)), metrics_(metrics), server_(std::make_unique<httplib::Server>()),
+      created_(int64_t(std::time(nullptr))) {
+  routes();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+void HttpServer::attach(const Backend& backend) {
+  held_ = backend;
+  backend_.store(&held_);
+}
+
+void HttpServer::detach() { backend_.store(nullptr); }
+
+void HttpServer::bind() {
+  if (options_.port == 0) {
+    port_ = server_->bind_to_any_port(options_.host);
+    if (port_ < 0) fail("serve: cannot listen on {} (any port)", options_.host);
+  } else {
+    if (!server_->bind_to_port(options_.host, options_.port))
+      fail("serve: cannot listen on {}:{} (in use, or not an address of this machine)", options_.host, options_.port);
+    port_ = options_.port;
+  }
+}
+
+void HttpServer::listen() {
+  {
+    std::lock_guard<std::mutex> l(state_m_);
+    if (stopped_) return;
+    listening_ = true;
+  }
+  server_->listen_after_bind();
+}
+
+void HttpServer::stop() {
+  bool listening;
+  {
+    std::lock_guard<std::mutex> l(state_m_);
+    if (stopped_) return;  // once
+    stopped_ = true;
+    listening = listening_;
+  }
+  if (!listening) return;  // listen() has not begun and now never will
+  // listen() may not have marked itself running yet: stop() does nothing before it does.
+  for (int i = 0; i < 500 && !server_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  server_->stop();
+}
+
+void HttpServer::routes() {
+  httplib::Server& s = *server_;
+  const int threads = std::max(options_.threads, 2);
+  s.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  s.set_payload_max_length(options_.max_body_bytes);
+  s.set_read_timeout(options_.timeout_seconds);
+  s.set_write_timeout(options_.timeout_seconds);
+  s.set_tcp_nodelay(true);
+
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!options_.api_key.empty() && req.path.rfind("/v1/", 0) == 0 &&
+        req.get_header_value("Authorization") != "Bearer " + options_.api_key) {
+      send_error(res, ApiError(401, "invalid or missing API key: send 'Authorization: Bearer KEY'",
+                               "authentication_error", "", "invalid_api_key"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  // Every failure status cpp-httplib sets itself (404, 413, 400 for a malformed request
+  // line, ...) answered as an OpenAI error object.
+  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    std::string message = fmt::format("{} {}: HTTP status {}", req.method, req.path, res.status);
+    std::string type = "invalid_request_error";
+    if (res.status == 404) message = fmt::format("no route {} {}", req.method, req.path);
+    if (res.status == 413) message = "the request body is too large";
+    if (res.status >= 500) type = "server_error";
+    res.set_content(error_body(res.status, message, type), kJson);
+  });
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    res.status = 500;
+    res.set_content(error_body(500, what, "server_error"), kJson);
+  });
+  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    metrics_.request(endpoint_label(req.path), res.status);
+  });
+
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (backend_.load()) {
+      res.set_content(R"({"status":"ok"})", kJson);
+    } else {
+      res.status = 503;
+      res.set_content(R"({"status":"loading"})", kJson);
+    }
+  });
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    const Backend* b = backend_.load();
+    res.set_content(metrics_.prometheus(b ? b->scheduler->slots() : 0), "text/plain; version=0.0.4");
+  });
+  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    const Backend* b = backend_.load();
+    if (!b) return send_error(res, ApiError(503, "the model is still loading", "server_error", "", "loading"));
+    res.set_content(dump(models_response(b->model_id, created_)), kJson);
+  });
+
+  auto generate = [this](Endpoint ep, const httplib::Request& req, httplib::Response& res) {
+    const Backend* b = backend_.load();
+    if (!b) return send_error(res, ApiError(503, "the model is still loading", "server_error", "", "loading"));
+    std::vector<int32_t> prompt;
+    SamplingParams params;
+    try {
+      if (ep == Endpoint::Chat) {
+        ChatCompletionRequest r = parse_chat_request(req.body);
+        if (!b->chat_template)
+          throw ApiError(400, "this model ships no chat template: use /v1/completions", "invalid_request_error", "messages");
+        ChatOptions co;
+        co.add_generation_prompt = true;
+        co.enable_thinking = r.enable_thinking;
+        std::string text;
+        try {
+          text = b->chat_template->render(r.messages, co);
+        } catch (const Error& e) {
+          throw ApiError(400, e.what(), "invalid_request_error", "messages");
+        }
+        // The template writes BOS and the special tokens itself (as ChatSession).
+        prompt = b->tokenizer->encode_raw(text);
+        params = std::move(r.params);
+      } else {
+        CompletionRequest r = parse_completion_request(req.body);
+        prompt = r.prompt_text ? b->tokenizer->encode_prompt(*r.prompt_text) : r.prompt_ids;
+        params = std::move(r.params);
+      }
+      auto job = std::make_shared<Job>(std::move(prompt), params);
+      b->scheduler->submit(job);
+      const std::string id = request_id(ep == Endpoint::Chat ? "chatcmpl" : "cmpl");
+      const int64_t created = int64_t(std::time(nullptr));
+      const std::string model = b->model_id;
+      if (!params.stream) {
+        std::string text;
+        std::vector<TokenOut> tokens;
+        Job::Output o;
+        do {
+          o = job->take(std::chrono::seconds(1));
+          text += o.text;
+          tokens.insert(tokens.end(), o.tokens.begin(), o.tokens.end());
+        } while (!o.done);
+        if (o.finish_reason == "error") throw ApiError(500, o.error, "server_error");
+        const std::vector<TokenOut>* lp = params.logprobs ? &tokens : nullptr;
+        json j = ep == Endpoint::Chat ? chat_response(id, created, model, text, o.finish_reason, o.usage, lp)
+                                      : completion_response(id, created, model, text, o.finish_reason, o.usage, lp);
+        res.set_content(dump(j), kJson);
+        return;
+      }
+      struct Stream {
+        std::shared_ptr<Job> job;
+        bool first = true;
+      };
+      auto st = std::make_shared<Stream>(Stream{job});
+      res.set_header("Cache-Control", "no-cache");
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [st, ep, id, created, model, params](size_t, httplib::DataSink& sink) {
+            auto write = [&](const std::string& data) {
+              if (sink.write(data.data(), data.size())) return true;
+              st->job->cancel();  // the client is gone: free its slot
+              return false;
+            };
+            const Job::Output o = st->job->take(std::chrono::milliseconds(500));
+            // Nothing new (queued, or a long prefill): an SSE comment, which clients skip; a
+            // write that fails tells that the client left.
+            if (!o.done && o.text.empty() && o.tokens.empty()) return write(": waiting\n\n");
+            if (!o.text.empty() || !o.tokens.empty() || (st->first && o.finish_reason != "error")) {
+              if (!write(sse_event(stream_chunk(ep, id, created, model, o.text, std::nullopt,
+                                                params.logprobs ? &o.tokens : nullptr, st->first))))
+                return false;
+              st->first = false;
+            }
+            if (!o.done) return true;
+            if (o.finish_reason == "error") {
+              if (!write("data: " + error_body(500, o.error, "server_error") + "\n\n")) return false;
+            } else {
+              if (!write(sse_event(stream_chunk(ep, id, created, model, "", o.finish_reason, nullptr, false)))) return false;
+              if (params.include_usage && !write(sse_event(usage_chunk(ep, id, created, model, o.usage)))) return false;
+            }
+            if (!write(done_event())) return false;
+            sink.done();
+            return true;
+          },
+          [st](bool success) {
+            if (!success) st->job->cancel();
+          });
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    } catch (const Error& e) {
+      send_error(res, ApiError(400, e.what()));
+    }
+  };
+  s.Post("/v1/chat/completions",
+         [generate](const httplib::Request& req, httplib::Response& res) { generate(Endpoint::Chat, req, res); });
+  s.Post("/v1/completions",
+         [generate](const httplib::Request& req, httplib::Response& res) { generate(Endpoint::Completion, req, res); });
+}
+
+}  // namespace tessera::serve
