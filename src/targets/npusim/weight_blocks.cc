@@ -125,14 +125,14 @@ int64_t gemv_dequant_ops(ElemType t, int64_t weights, int64_t x_values) {
   if (!is_block(t)) return 0;
   const int64_t groups = weights / group_values(t);
   return weights * (unpack_lane_ops(t) + 1) + groups * group_decode_ops(t) +
-         (has_min(t) ? groups * 2 + x_values : 0);
+         (has_min(t) ? groups + x_values : 0);
 }
 
 int64_t gemm_dequant_ops(ElemType t, int64_t b_weights, int64_t acc_depth, int64_t a_values) {
   if (!is_block(t)) return 0;
   const int64_t gv = group_values(t);
   return b_weights * unpack_lane_ops(t) + b_weights / gv * group_decode_ops(t) +
-         acc_depth / gv * (has_min(t) ? 3 : 1) + (has_min(t) ? a_values : 0);
+         acc_depth / gv * (has_min(t) ? 2 : 1) + (has_min(t) ? a_values : 0);
 }
 
 float dot_blocks(ElemType t, const uint8_t* row, const float* x, int64_t elements) {

@@ -31,11 +31,11 @@
 //    times d); the 32-weight types 0 (their f16 d and m are widened with the block);
 //  - scaling: GEMV 1 per weight (the group's lane products scaled before they join the lane
 //    accumulators), GEMM 1 per accumulator element per group (the m x n tile scaled per group);
-//  - a min (Q4_1, Q5_1, Q4_K, Q5_K): 2 per row (GEMV) or accumulator element (GEMM) per group
-//    (min x the group's sum of x, subtracted), and 1 per activation the worker reads to form
-//    the groups' sums of x.
+//  - a min (Q4_1, Q5_1, Q4_K, Q5_K): 1 per row (GEMV) or accumulator element (GEMM) per group
+//    (min x the group's sum of x, one fused multiply-subtract, as the scale's multiply-add), and
+//    1 per activation the worker reads to form the groups' sums of x.
 // So a GEMV Q4_0 block costs 128 lane operations (4 cycles at 32 lanes) against 32 MACs; a
-// Q4_K super-block 256 x 3 + 8 x (8 + 2) = 848 (26.5 cycles) against 256 MACs; a Q6_K
+// Q4_K super-block 256 x 3 + 8 x (8 + 1) = 840 (26.25 cycles) against 256 MACs; a Q6_K
 // super-block 256 x 6 + 16 x 2 = 1568 (49 cycles).
 #pragma once
 #include <cstdint>
