@@ -43,7 +43,6 @@ void gemv_blocks_kernel(WorkerContext& ctx) {
   const int W = ctx.fifo(p["w_fifo"]), X = ctx.fifo(p["x_fifo"]), Y = ctx.fifo(p["y_fifo"]);
   std::vector<float> xf(static_cast<size_t>(kc));
   if (x_once) bf16_to_f32(ctx.acquire(X).bf16(), xf.data(), kc);
-  const int64_t bpr = kc / kBlockValues;  // blocks per row of the chunk
   for (int64_t b = 0; b < NB; ++b) {
     float* y = ctx.acquire(Y).f32();
     std::fill_n(y, rb, 0.0f);
@@ -51,6 +50,7 @@ void gemv_blocks_kernel(WorkerContext& ctx) {
       if (!x_once) bf16_to_f32(ctx.acquire(X).bf16(), xf.data(), kc);
       const ObjectRef w = ctx.acquire(W);
       const uint8_t* blocks = w.blocks(w.type);
+      const int64_t bpr = kc / block_values(w.type);  // elements (blocks, super-blocks) per row of the chunk
       const int64_t row_bytes = bpr * elem_bytes(w.type);
       for (int64_t i = 0; i < rb; ++i) y[i] += dot_blocks(w.type, blocks + i * row_bytes, xf.data(), bpr);
       ctx.release(W);

@@ -46,7 +46,7 @@ Launch gemm_launch(const GemmShape& s, const GemmTiles& tl, const GemmHerd& h, c
       w.tile = {c, d.first_compute_row + r};
       w.kernel = quant ? "gemm_blocks" : "gemm_bf16";
       w.cost = {"gemm", "bf16", MB * NB * m * n * K,
-                gemm_dequant_ops(o.b_type, MB * NB * n * K, MB * NB * (K / kBlockValues) * m * n), MB * NB * KB};
+                gemm_dequant_ops(o.b_type, MB * NB * n * K, MB * NB * m * n * K, MB * NB * m * K), MB * NB * KB};
       w.params = {{"m", m},
                   {"k", k},
                   {"n", n},
@@ -165,15 +165,17 @@ void gemm_bf16_kernel(WorkerContext& ctx) {
   }
 }
 
-// C (fp32) += A . B with B an n x k/32 tile of GGML blocks (rows of B[N, K]): per 32-deep
-// block, the block's integers (exact in bf16) times A on the mmul (exact products, fp32 sums),
-// then each output column scaled by its row's block scale and added into C.
+// C (fp32) += A . B with B an n x k/bv tile of GGML blocks (rows of B[N, K], bv = 32 or 256
+// weights per element): per element and group (weight_blocks.h), the group's integers (exact
+// in bf16) times A on the mmul (exact products, fp32 sums), then each output column scaled by
+// its row's group scale (and, for a type with a min, min x the group's sum of A subtracted)
+// and added into C.
 void gemm_blocks_kernel(WorkerContext& ctx) {
   const auto& p = ctx.params();
   const int64_t m = p["m"], k = p["k"], n = p["n"], kb = p["k_blocks"], tiles = p["tiles"];
   const int A = ctx.fifo(p["a_fifo"]), B = ctx.fifo(p["b_fifo"]), C = ctx.fifo(p["c_fifo"]);
-  const int64_t sub = k / kBlockValues;  // blocks per k block
-  std::vector<float> a32(size_t(m * kBlockValues)), v(size_t(n * kBlockValues)), scale(static_cast<size_t>(n)), acc(static_cast<size_t>(n));
+  std::vector<float> a32(size_t(m * kMaxElementValues)), v(size_t(n * kMaxElementValues)),
+      scale(size_t(n * kMaxGroups)), mn(size_t(n * kMaxGroups)), acc(static_cast<size_t>(n)), asum(static_cast<size_t>(m));
   for (int64_t t = 0; t < tiles; ++t) {
     float* c = ctx.acquire(C).f32();
     std::fill_n(c, m * n, 0.0f);
@@ -181,24 +183,42 @@ void gemm_blocks_kernel(WorkerContext& ctx) {
       const uint16_t* a = ctx.acquire(A).bf16();
       const ObjectRef bo = ctx.acquire(B);
       const uint8_t* b = bo.blocks(bo.type);
-      const int64_t bytes = elem_bytes(bo.type);
+      const int64_t bytes = elem_bytes(bo.type), ev = block_values(bo.type), gv = group_values(bo.type),
+                    G = ev / gv, sub = k / ev;  // elements per k block
+      const bool mins = has_min(bo.type);
       for (int64_t s = 0; s < sub; ++s) {
-        for (int64_t j = 0; j < n; ++j) {  // unpack column j's block s
+        for (int64_t j = 0; j < n; ++j) {  // unpack column j's element s
           const BlockTerms bt = unpack_block(bo.type, b + (j * sub + s) * bytes);
-          scale[size_t(j)] = bt.scale;
-          for (int l = 0; l < kBlockValues; ++l) v[size_t(j * kBlockValues + l)] = float(bt.v[l]);
-        }
-        for (int64_t i = 0; i < m; ++i) bf16_to_f32(a + i * k + s * kBlockValues, a32.data() + i * kBlockValues, kBlockValues);
-        for (int64_t i = 0; i < m; ++i) {
-          const float* ai = a32.data() + i * kBlockValues;
-          for (int64_t j = 0; j < n; ++j) {
-            const float* vj = v.data() + j * kBlockValues;
-            float sum = 0;
-            for (int l = 0; l < kBlockValues; ++l) sum += ai[l] * vj[l];
-            acc[size_t(j)] = sum;
+          for (int64_t g = 0; g < G; ++g) {
+            scale[size_t(j * G + g)] = bt.scale[g];
+            mn[size_t(j * G + g)] = bt.min[g];
           }
-          float* ci = c + i * n;
-          for (int64_t j = 0; j < n; ++j) ci[j] += scale[size_t(j)] * acc[size_t(j)];
+          for (int64_t l = 0; l < ev; ++l) v[size_t(j * ev + l)] = float(bt.v[l]);
+        }
+        for (int64_t i = 0; i < m; ++i) bf16_to_f32(a + i * k + s * ev, a32.data() + i * ev, ev);
+        for (int64_t g = 0; g < G; ++g) {
+          if (mins)
+            for (int64_t i = 0; i < m; ++i) {
+              const float* ai = a32.data() + i * ev + g * gv;
+              float sum = 0;
+              for (int64_t l = 0; l < gv; ++l) sum += ai[l];
+              asum[size_t(i)] = sum;
+            }
+          for (int64_t i = 0; i < m; ++i) {
+            const float* ai = a32.data() + i * ev + g * gv;
+            for (int64_t j = 0; j < n; ++j) {
+              const float* vj = v.data() + j * ev + g * gv;
+              float sum = 0;
+              for (int64_t l = 0; l < gv; ++l) sum += ai[l] * vj[l];
+              acc[size_t(j)] = sum;
+            }
+            float* ci = c + i * n;
+            if (mins)
+              for (int64_t j = 0; j < n; ++j)
+                ci[j] += scale[size_t(j * G + g)] * acc[size_t(j)] - mn[size_t(j * G + g)] * asum[size_t(i)];
+            else
+              for (int64_t j = 0; j < n; ++j) ci[j] += scale[size_t(j * G + g)] * acc[size_t(j)];
+          }
         }
       }
       ctx.release(A);

@@ -108,7 +108,7 @@ Launch gemv_launch(const GemvShape& s, const GemvTiles& tin, const Device& d, co
     for (int r = 0; r < h.rows; ++r) {
       Worker w = detail::make_worker(fmt::format("gemv_{}_{}", c, r), {c, d.first_compute_row + r},
                                      quant ? "gemv_blocks" : "gemv_bf16");
-      w.cost = {"gemv", "bf16", rw * K, rw * KC + gemv_dequant_ops(s.w, rw * K), NB * KC};
+      w.cost = {"gemv", "bf16", rw * K, rw * KC + gemv_dequant_ops(s.w, rw * K, x_once ? K : NB * K), NB * KC};
       w.params = {{"rb", rb},         {"kc", kc},         {"k", kc},
                   {"k_chunks", KC},   {"blocks", NB},     {"x_once", x_once},
                   {"w_fifo", fmt::format("{}{}", o.w, c)}, {"x_fifo", o.x}, {"y_fifo", fmt::format("{}{}", o.y, c)}};
@@ -199,20 +199,25 @@ GemmPlan default_gemm_plan(int64_t M, int64_t K, int64_t N, const Device& d, Ele
   const int64_t bv = block_values(b_type), bb = elem_bytes(b_type);
   const int64_t cb = elem_bytes(c_type);
   const int64_t cand[] = {64, 32, 16, 8};
+  // k: whole elements of B; a K-quant's k tile is one 256-weight super-block.
+  const std::vector<int64_t> k_cand = bv > 64 ? std::vector<int64_t>{bv} : std::vector<int64_t>{64, 32, 16, 8};
   GemmPlan best;
   int64_t best_score = -1;
   for (int gn = d.columns; gn >= 1; --gn) {
     for (int64_t n : cand) {
       if (N % (gn * n)) continue;
-      for (int64_t k : cand) {
+      for (int64_t k : k_cand) {
         if (K % k || k % bv) continue;
         for (int gm = d.compute_rows(); gm >= 1; --gm) {
           for (int64_t m : cand) {
             const int64_t l1 = 2 * m * k * 2 + 2 * (k / bv) * n * bb + 2 * m * n * cb + 1024;
             if (l1 > d.l1_bytes) continue;
             const int64_t Mp = (M + gm * m - 1) / (gm * m) * (gm * m);
-            // Prefer: little padding, many workers, big tiles.
-            const int64_t score = (1 << 30) / Mp * 1000 + int64_t(gn) * gm * 64 + m * n / 16 + k;
+            // Prefer: little padding, many workers, big tiles; for a block type, among tiles as
+            // big, more rows (each B tile is unpacked once per use, for its m rows: a K-quant's
+            // k = 256 leaves room for m = 32 x n = 32 or m = 16 x n = 64, and the first unpacks half
+            // as often).
+            const int64_t score = (1 << 30) / Mp * 1000 + int64_t(gn) * gm * 64 + m * n / 16 + k + (is_block(b_type) ? m : 0);
             if (score > best_score) {
               best_score = score;
               best.shape = {Mp, K, N};

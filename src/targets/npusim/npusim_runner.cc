@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "oracle/ops.h"
 #include "targets/cpu/kernels.h"
@@ -392,7 +393,11 @@ NpuSimRunner::StepRef NpuSimRunner::step_for(Stage s, int64_t rows, int64_t cont
 }
 
 int64_t NpuSimRunner::step_layer(Stage s) const {
-  return (s == Stage::Embedding || s == Stage::FinalNorm || s == Stage::LmHead) ? -1 : current_layer();
+  if (s == Stage::Embedding || s == Stage::FinalNorm || s == Stage::LmHead) return -1;
+  // A projection knows its layer from its weights: phase 1's direct calls of another layer's
+  // matrices (a Q4_K_M file's Q6_K v/down layers) run outside run_layer, and with weights resident
+  // they must not find layer 0's weights in L1.
+  return weights_layer_ >= 0 ? weights_layer_ : current_layer();
 }
 
 void NpuSimRunner::run(Stage s, int64_t rows, int64_t context, npusim::StepArgs& args,
@@ -503,7 +508,11 @@ void NpuSimRunner::kernel_linears(Stage s, const float* x, int64_t T, std::span<
     }
     outputs.insert(y);
   }
+  int layer = -1;
+  if (std::sscanf(outs[0].weight.c_str(), "model.layers.%d.", &layer) != 1) layer = -1;
+  weights_layer_ = layer;
   run(s, T, 0, a, outputs);
+  weights_layer_ = -1;
   bf16_scratch_.clear();
 }
 

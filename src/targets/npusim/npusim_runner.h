@@ -107,6 +107,7 @@ class NpuSimRunner final : public LayeredRunner {
   StepRef step_for(Stage s, int64_t rows, int64_t context);
   npusim::Placement placement(const StepRef& r) const;
   int64_t step_layer(Stage s) const;
+  int64_t weights_layer_ = -1;  // the layer of the projection being run (kernel_linears), else -1
   // Runs the stage's step on the executor (only the launches writing `outputs`, if given).
   void run(Stage s, int64_t rows, int64_t context, npusim::StepArgs& args, const std::set<std::string>& outputs = {});
   // Whether the plan puts the stage on the host for this call (then counted and priced).

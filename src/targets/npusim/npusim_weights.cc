@@ -15,9 +15,17 @@ namespace {
 
 // The array's block types, by the file's dtype.
 std::optional<ElemType> block_type(DType t) {
-  if (t == DType::Q4_0) return ElemType::Q4_0;
-  if (t == DType::Q8_0) return ElemType::Q8_0;
-  return std::nullopt;
+  switch (t) {
+    case DType::Q4_0: return ElemType::Q4_0;
+    case DType::Q8_0: return ElemType::Q8_0;
+    case DType::Q4_1: return ElemType::Q4_1;
+    case DType::Q5_0: return ElemType::Q5_0;
+    case DType::Q5_1: return ElemType::Q5_1;
+    case DType::Q4_K: return ElemType::Q4_K;
+    case DType::Q5_K: return ElemType::Q5_K;
+    case DType::Q6_K: return ElemType::Q6_K;
+    default: return std::nullopt;
+  }
 }
 
 }  // namespace
@@ -65,7 +73,7 @@ void NpuWeightStore::load(const std::map<std::string, std::vector<const Weight*>
     } else if (t0 == DType::BF16) {
       why_[buffer] = "bf16 as in the file";
     } else {
-      why_[buffer] = fmt::format("bf16, converted at load from {}: the array runs Q4_0 and Q8_0 blocks only", dtype_name(t0));
+      why_[buffer] = fmt::format("bf16, converted at load from {}: the array runs Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K blocks only", dtype_name(t0));
     }
     for (const Weight* w : ws) bf16_.load(*w);
   }

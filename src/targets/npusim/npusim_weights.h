@@ -1,6 +1,7 @@
 // npusim's weights as its DDR holds them. Each weight buffer of the lowering ("w.q" ...
-// "w.down", "w.lm_head") runs on the array in the file's GGML blocks (W4A16 / W8A16: Q4_0,
-// Q8_0, weight_blocks.h) when every layer's matrix of it has that one format: the layer's
+// "w.down", "w.lm_head") runs on the array in the file's GGML blocks (W4A16 ... W8A16: Q4_0,
+// Q4_1, Q5_0, Q5_1, Q8_0, and the K-quants' super-blocks Q4_K, Q5_K, Q6_K, weight_blocks.h)
+// when every layer's matrix of it has that one format: the layer's
 // dispatches are lowered once, so a buffer has one format in every layer. Blocks are the
 // file's pages, mapped (GGUF llama q/k rows, stored permuted, are copied once in Hugging Face
 // row order: the same blocks). Anything else (bf16, f16/f32, other block formats, a role
@@ -26,7 +27,7 @@ class Weight;
 
 namespace tessera::npusim {
 
-// A [rows, cols] matrix as GGML blocks, row-major: each row cols / 32 blocks.
+// A [rows, cols] matrix as GGML blocks, row-major: each row cols / 32 blocks (cols / 256 super-blocks).
 struct BlockMatrix {
   ElemType type = ElemType::Q4_0;
   const uint8_t* data = nullptr;

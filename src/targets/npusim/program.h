@@ -118,7 +118,7 @@ struct Program {
 };
 
 // The element type each weight buffer holds ("w.q", "w.k", "w.v", "w.o", "w.gate", "w.up",
-// "w.down", "w.lm_head"): bf16 unless listed. A block type (spatial.h: Q4_0, Q8_0) lowers the
+// "w.down", "w.lm_head"): bf16 unless listed. A block type (spatial.h: Q4_0 ... Q6_K) lowers the
 // projection's GEMV and GEMM on the file's blocks (W4A16, W8A16); its DMA moves blocks and its
 // workers unpack them (weight_blocks.h). One type per buffer for every layer: the layer's
 // dispatches are lowered once.

@@ -13,26 +13,48 @@ int elem_bytes(ElemType t) {
   switch (t) {
     case ElemType::BF16: return 2;
     case ElemType::F32: return 4;
-    case ElemType::Q4_0: return 2 + 16;  // f16 d, 32 4-bit values
-    case ElemType::Q8_0: return 2 + 32;  // f16 d, 32 int8 values
+    case ElemType::Q4_0: return 2 + 16;            // f16 d, 32 4-bit values
+    case ElemType::Q8_0: return 2 + 32;            // f16 d, 32 int8 values
+    case ElemType::Q4_1: return 2 + 2 + 16;        // f16 d, f16 m, 32 4-bit values
+    case ElemType::Q5_0: return 2 + 4 + 16;        // f16 d, 32 fifth bits, 32 4-bit values
+    case ElemType::Q5_1: return 2 + 2 + 4 + 16;    // f16 d, f16 m, fifth bits, 4-bit values
+    case ElemType::Q4_K: return 2 + 2 + 12 + 128;  // f16 d, dmin, 8 6-bit scales and mins, 256 nibbles
+    case ElemType::Q5_K: return 2 + 2 + 12 + 32 + 128;  // as Q4_K, with 256 fifth bits
+    case ElemType::Q6_K: return 128 + 64 + 16 + 2;      // ql, qh, 16 int8 scales, f16 d
   }
   return 0;
 }
+namespace {
+constexpr ElemType kAllTypes[] = {ElemType::BF16, ElemType::F32,  ElemType::Q4_0, ElemType::Q8_0, ElemType::Q4_1,
+                                  ElemType::Q5_0, ElemType::Q5_1, ElemType::Q4_K, ElemType::Q5_K, ElemType::Q6_K};
+}  // namespace
 const char* elem_type_name(ElemType t) {
   switch (t) {
     case ElemType::BF16: return "bf16";
     case ElemType::F32: return "f32";
     case ElemType::Q4_0: return "q4_0";
     case ElemType::Q8_0: return "q8_0";
+    case ElemType::Q4_1: return "q4_1";
+    case ElemType::Q5_0: return "q5_0";
+    case ElemType::Q5_1: return "q5_1";
+    case ElemType::Q4_K: return "q4_k";
+    case ElemType::Q5_K: return "q5_k";
+    case ElemType::Q6_K: return "q6_k";
   }
   return "?";
 }
-bool is_block(ElemType t) { return t == ElemType::Q4_0 || t == ElemType::Q8_0; }
-int block_values(ElemType t) { return is_block(t) ? 32 : 1; }
+bool is_block(ElemType t) { return t != ElemType::BF16 && t != ElemType::F32; }
+int block_values(ElemType t) {
+  if (!is_block(t)) return 1;
+  return t == ElemType::Q4_K || t == ElemType::Q5_K || t == ElemType::Q6_K ? 256 : 32;
+}
 ElemType elem_type_from_name(const std::string& name) {
-  for (ElemType t : {ElemType::BF16, ElemType::F32, ElemType::Q4_0, ElemType::Q8_0})
+  std::string names;
+  for (ElemType t : kAllTypes) {
     if (name == elem_type_name(t)) return t;
-  fail("npusim: no element type '{}' (bf16, f32, q4_0, q8_0)", name);
+    names += (names.empty() ? "" : ", ") + std::string(elem_type_name(t));
+  }
+  fail("npusim: no element type '{}' ({})", name, names);
 }
 
 const char* fifo_dir_name(FifoDir d) { return d == FifoDir::Fill ? "fill" : "drain"; }

@@ -20,15 +20,17 @@
 
 namespace tessera::npusim {
 
-// What a fifo moves and a DDR tensor holds. BF16 and F32 are values; Q4_0 and Q8_0 are
-// GGML blocks of 32 weights (an f16 scale, then 16 bytes of 4-bit or 32 of int8 values), moved
-// as the file holds them (W4A16, W8A16): one element of such a type is one block, so access
-// patterns, objects and tensors count blocks and bytes are blocks x 18 or 34.
-enum class ElemType { BF16, F32, Q4_0, Q8_0 };
+// What a fifo moves and a DDR tensor holds. BF16 and F32 are values; the rest are GGML
+// blocks, moved as the file holds them (W4A16, W5A16, W6A16, W8A16): one element of such a
+// type is one block, so access patterns, objects and tensors count blocks and bytes are
+// blocks x elem_bytes. Q4_0 (18 B), Q4_1 (20 B), Q5_0 (22 B), Q5_1 (24 B) and Q8_0 (34 B) are
+// blocks of 32 weights; Q4_K (144 B), Q5_K (176 B) and Q6_K (210 B) super-blocks of 256, their
+// sub-block scales (and mins) inside the element (weight_blocks.h).
+enum class ElemType { BF16, F32, Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K };
 int elem_bytes(ElemType t);               // bytes per element (per block for block types)
-const char* elem_type_name(ElemType t);  // "bf16", "f32", "q4_0", "q8_0"
+const char* elem_type_name(ElemType t);  // "bf16", "f32", "q4_0", "q8_0", "q4_1", ..., "q6_k"
 bool is_block(ElemType t);                // a GGML block format
-int block_values(ElemType t);             // values per element: 32 for block types, else 1
+int block_values(ElemType t);             // values per element: 32 or 256 for block types, else 1
 ElemType elem_type_from_name(const std::string& name);  // throws naming the types
 
 // An n-D access pattern as one buffer descriptor expresses it (IRON TensorAccessPattern):
