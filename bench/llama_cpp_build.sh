@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# llama.cpp's peer tools (llama-bench, llama-perplexity, llama-quantize, llama-tokenize),
+# llama.cpp's peer tools (llama-bench, llama-perplexity, llama-quantize, llama-tokenize,
+# llama-server),
 # built once from the llama.cpp vendored in the source distribution of the PyPI package
 # llama-cpp-python (pinned below) under ${TESSERA_CACHE:-$HOME/.cache/tessera}/llama.cpp.
 #
@@ -18,10 +19,10 @@ LLAMA_CPP_SRC=$LLAMA_CPP_CACHE/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/ve
 LLAMA_CPP_BUILD=$LLAMA_CPP_CACHE/build-$LLAMA_CPP_PYTHON_VERSION
 LLAMA_CPP_BIN=$LLAMA_CPP_BUILD/bin
 LLAMA_CPP_LOG=$LLAMA_CPP_BUILD.log
-LLAMA_CPP_TARGETS=(llama-bench llama-perplexity llama-quantize llama-tokenize)
+LLAMA_CPP_TARGETS=(llama-bench llama-perplexity llama-quantize llama-tokenize llama-server)
 LLAMA_CPP_CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON
                        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF
-                       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
+                       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF
                        -DLLAMA_BUILD_TOOLS=ON)
 # On a CPU with AMX, this llama.cpp's AMX kernels crash on quantized weights (Q4_0, Q4_1,
 # Q8_0, K-quants: a segfault in ggml_backend_amx_mul_mat; upstream ggml-org/llama.cpp#20824),
