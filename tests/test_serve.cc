@@ -277,12 +277,7 @@ struct Served {
   explicit Served(int slots, SchedulerOptions o = {}) : model(Model::open(tiny_model("SmolLM2-360M"))), tok(Tokenizer::for_model(model)) {
     CpuOptions co;
     co.threads = 2;
-    auto first = std::make_unique<CpuRunner>(model, co);
-    store = first->shared_weights();
-    std::vector<std::unique_ptr<ModelRunner>> runners;
-    runners.push_back(std::move(first));
-    for (int i = 1; i < slots; ++i) runners.push_back(runners.front()->sibling());
-    sched = std::make_unique<Scheduler>(std::move(runners), tok, o, metrics);
+    sched = std::make_unique<Scheduler>(std::make_unique<CpuRunner>(model, co), slots, tok, o, metrics);
   }
   // Runs to the end; the text and the final output.
   static std::pair<std::string, Job::Output> collect(const std::shared_ptr<Job>& job) {
@@ -296,7 +291,6 @@ struct Served {
   }
   Model model;
   Tokenizer tok;
-  std::shared_ptr<const CpuWeightStore> store;
   Metrics metrics;
   std::unique_ptr<Scheduler> sched;
 };
@@ -309,24 +303,16 @@ SamplingParams greedy(int n) {
   return p;
 }
 
-TEST(ServeScheduler, SlotsShareOneCopyOfTheWeights) {
+TEST(ServeScheduler, RefusesMoreSlotsThanTheRunnerHolds) {
   const Model model = Model::open(tiny_model("SmolLM2-360M"));
-  CpuRunner first(model, two_threads());
-  std::unique_ptr<ModelRunner> second = first.sibling();
-  auto* cpu2 = dynamic_cast<CpuRunner*>(second.get());
-  ASSERT_NE(cpu2, nullptr);
-  EXPECT_EQ(&cpu2->weights(), &first.weights()) << "one store, not a copy";
-  EXPECT_EQ(&cpu2->pool(), &first.pool());
-  EXPECT_NE(&cpu2->cache(), &first.cache()) << "a KV cache each";
-  // Interleaved sequences on the two runners give what each gives alone.
-  const std::vector<int32_t> a = {1, 2, 3, 4, 5}, b = {9, 8, 7};
-  const std::vector<float> a_alone = first.forward(a, false);
-  first.reset();
-  const std::vector<float> b_first = second->forward(b, false);
-  const std::vector<float> a_again = first.forward(a, false);
-  EXPECT_EQ(a_alone, a_again);
-  second->reset();
-  EXPECT_EQ(second->forward(b, false), b_first);
+  const Tokenizer tok = Tokenizer::for_model(model);
+  Metrics metrics;
+  try {
+    Scheduler sched(std::make_unique<OracleRunner>(model, 1), 2, tok, {}, metrics);
+    ADD_FAILURE() << "two slots on a one-sequence runner";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("use --parallel 1"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ServeScheduler, GreedyEqualsGeneratorAloneAndSideBySide) {

@@ -83,13 +83,6 @@ void run_serve(const ServeArgs& a) {
   try {
     ex = open_executor(a.model, "", a.threads);
     if (ex.runner->target() != "cpu") fail("`tessera serve` serves the cpu target only, not '{}'", ex.runner->target());
-    std::vector<std::unique_ptr<ModelRunner>> runners;
-    runners.push_back(std::move(ex.runner));
-    for (int i = 1; i < a.parallel; ++i) {
-      std::unique_ptr<ModelRunner> r = runners.front()->sibling();
-      if (!r) fail("the {} target cannot share its weights between slots: use --parallel 1", runners.front()->target());
-      runners.push_back(std::move(r));
-    }
     tok = std::make_unique<Tokenizer>(Tokenizer::for_model(*ex.model));
     serve::Backend b;
     b.model_id = std::filesystem::path(ex.source).filename().string();
@@ -108,7 +101,7 @@ void run_serve(const ServeArgs& a) {
     so.ctx_size = a.ctx_size;
     so.queue_size = a.queue;
     so.prefill_chunk = a.prefill_chunk;
-    scheduler = std::make_unique<serve::Scheduler>(std::move(runners), *tok, so, metrics);
+    scheduler = std::make_unique<serve::Scheduler>(std::move(ex.runner), a.parallel, *tok, so, metrics);
     b.scheduler = scheduler.get();
     server.attach(b);
     fmt::print(stderr, "tessera serve: ready: {} on {}; {} slot(s) of {} tokens, queue {}; model id '{}'\n",
@@ -139,8 +132,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--host", a->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", a->port, "TCP port (0: any free port, printed on stderr)")->capture_default_str();
   cmd->add_option("--parallel", a->parallel,
-                  "Slots: requests served at once, each with its own KV cache, all on one copy of the weights (each decode "
-                  "step runs every slot's next token, one slot after another)")
+                  "Slots: requests served at once, each a sequence with its own KV cache on one copy of the weights (each "
+                  "decode step runs every active slot's next token in one pass over the weights)")
       ->capture_default_str();
   cmd->add_option("--ctx-size", a->ctx_size, "Tokens per slot, prompt and answer (0: the model's context)")
       ->capture_default_str();

@@ -41,22 +41,29 @@ void Job::finish(const std::string& reason, const Usage& usage, const std::strin
   cv_.notify_all();
 }
 
-Scheduler::Scheduler(std::vector<std::unique_ptr<ModelRunner>> runners, const Tokenizer& tokenizer,
+Scheduler::Scheduler(std::unique_ptr<ModelRunner> runner, int slots, const Tokenizer& tokenizer,
                      SchedulerOptions options, Metrics& metrics)
-    : tokenizer_(tokenizer), options_(options), metrics_(metrics) {
-  if (runners.empty()) fail("serve: no slots");
+    : runner_(std::move(runner)), tokenizer_(tokenizer), options_(options), metrics_(metrics) {
+  if (!runner_ || slots < 1) fail("serve: no slots");
+  if (slots > runner_->max_sequences())
+    fail("the {} target holds {} sequence(s) at once, not {}: use --parallel {}", runner_->target(),
+         runner_->max_sequences(), slots, runner_->max_sequences());
   if (options_.prefill_chunk != 0 && options_.prefill_chunk < int(kMinPrefillRows))
     fail("--prefill-chunk must be 0 or at least {}, got {}", kMinPrefillRows, options_.prefill_chunk);
-  const ModelSpec& spec = runners.front()->spec();
+  const ModelSpec& spec = runner_->spec();
   ctx_size_ = options_.ctx_size > 0 ? std::min<int64_t>(options_.ctx_size, spec.max_position) : spec.max_position;
   eos_ = stop_ids(tokenizer, spec);
-  slots_.resize(runners.size());
-  for (size_t i = 0; i < runners.size(); ++i) {
-    slots_[i].index = int(i);
-    slots_[i].runner = std::move(runners[i]);
-    slots_[i].runner->reset();
+  slots_.resize(size_t(slots));
+  for (int i = 0; i < slots; ++i) {
+    slots_[size_t(i)].index = i;
+    sequence(slots_[size_t(i)]).reset();
   }
   thread_ = std::thread([this] { loop(); });
+}
+
+ModelRunner& Scheduler::sequence(const Slot& s) {
+  runner_->select_sequence(s.index);
+  return *runner_;
 }
 
 Scheduler::~Scheduler() { shutdown(); }
@@ -88,7 +95,7 @@ void Scheduler::submit(const std::shared_ptr<Job>& job) {
                                "for at least one generated token",
                                n, ctx_size_),
                    "invalid_request_error", "messages", "context_length_exceeded");
-  const int32_t vocab = int32_t(slots_.front().runner->spec().vocab);
+  const int32_t vocab = int32_t(runner_->spec().vocab);
   for (const int32_t id : job->prompt)
     if (id < 0 || id >= vocab)
       throw ApiError(400, fmt::format("token id {} is outside the vocabulary of {} tokens", id, vocab),
@@ -138,7 +145,7 @@ void Scheduler::admit(std::unique_lock<std::mutex>&) {
     ++busy_;
     Slot& s = *best;
     const size_t keep = best_keep;
-    s.runner->truncate(int64_t(keep));
+    sequence(s).truncate(int64_t(keep));
     s.cached.resize(keep);
     s.reusable = std::min(s.reusable, keep);
     s.job = job;
@@ -167,7 +174,7 @@ void Scheduler::prefill_step(Slot& s) {
     if (left - n < kMinPrefillRows) n = left;
   }
   const std::span<const int32_t> chunk(p.data() + s.prefilled, n);
-  s.logits = s.runner->forward(chunk, /*all_logits=*/false);
+  s.logits = sequence(s).forward(chunk, /*all_logits=*/false);
   s.cached.insert(s.cached.end(), chunk.begin(), chunk.end());
   // Rows of a call with T >= kMinPrefillRows are what any later prefill would compute.
   if (n >= kMinPrefillRows && s.reusable == s.cached.size() - n) s.reusable = s.cached.size();
@@ -175,16 +182,37 @@ void Scheduler::prefill_step(Slot& s) {
 }
 
 void Scheduler::decode_step(std::span<Slot*> slots) {
+  std::vector<Slot*> going;
+  std::vector<int> seqs;
+  std::vector<int32_t> ids;
   for (Slot* sp : slots) {
     try {
-      decode_one(*sp);
+      if (const std::optional<int32_t> next = next_token(*sp)) {
+        going.push_back(sp);
+        seqs.push_back(sp->index);
+        ids.push_back(*next);
+      }
     } catch (const std::exception& e) {  // one sequence's failure ends that request only
       if (sp->job) release(*sp, "error", e.what());
     }
   }
+  if (going.empty()) return;
+  std::vector<float> logits;
+  try {
+    logits = runner_->decode_batch(seqs, ids);
+  } catch (const std::exception& e) {  // the step failed as a whole: every request in it ends
+    for (Slot* sp : going) release(*sp, "error", e.what());
+    return;
+  }
+  const size_t V = logits.size() / going.size();
+  for (size_t i = 0; i < going.size(); ++i) {
+    Slot& s = *going[i];
+    s.logits.assign(logits.begin() + std::ptrdiff_t(i * V), logits.begin() + std::ptrdiff_t((i + 1) * V));
+    s.cached.push_back(ids[i]);
+  }
 }
 
-void Scheduler::decode_one(Slot& s) {
+std::optional<int32_t> Scheduler::next_token(Slot& s) {
   const SamplingParams& params = s.job->params;
   const int32_t next = s.sampler->sample(s.logits, s.generated);
   const auto now = Clock::now();
@@ -193,7 +221,7 @@ void Scheduler::decode_one(Slot& s) {
   s.last_token = now;
   if (std::binary_search(s.stop_ids.begin(), s.stop_ids.end(), next)) {
     release(s, "stop");
-    return;
+    return std::nullopt;
   }
   s.generated.push_back(next);
   const std::string bytes = tokenizer_.is_special(next) ? tokenizer_.token_string(next) : tokenizer_.token_bytes(next);
@@ -210,14 +238,13 @@ void Scheduler::decode_one(Slot& s) {
   s.job->emit(text, out);
   if (s.holdback->stopped()) {
     release(s, "stop");
-    return;
+    return std::nullopt;
   }
-  if (int64_t(s.generated.size()) >= s.max_tokens || s.runner->position() + 1 > ctx_size_) {
+  if (int64_t(s.generated.size()) >= s.max_tokens || sequence(s).position() + 1 > ctx_size_) {
     release(s, "length");
-    return;
+    return std::nullopt;
   }
-  s.logits = s.runner->forward(std::span(&next, 1), /*all_logits=*/false);
-  s.cached.push_back(next);
+  return next;
 }
 
 void Scheduler::release(Slot& s, const std::string& reason, const std::string& error) {
@@ -242,7 +269,7 @@ void Scheduler::release(Slot& s, const std::string& reason, const std::string& e
   s.holdback.reset();
   s.last_used = Clock::now();
   if (!error.empty()) {  // the cache's state is unknown after a failure
-    s.runner->reset();
+    sequence(s).reset();
     s.cached.clear();
     s.reusable = 0;
   }

@@ -1,11 +1,12 @@
-// `tessera serve`'s execution: N slots, each one sequence on a runner with its own KV cache
-// (the runners share one copy of the weights: ModelRunner::sibling), a bounded queue of
-// requests waiting for a slot, and one scheduler thread that owns the runners and loops:
+// `tessera serve`'s execution: N slots, each one sequence of a single runner (its own KV
+// cache and positions: ModelRunner::select_sequence; the weights held once), a bounded queue
+// of requests waiting for a slot, and one scheduler thread that owns the runner and loops:
 // admit queued requests into free slots (the slot whose cached ids share the longest prefix
 // with the prompt: only the rest is prefilled), run one prefill chunk of each admitted
-// request, then one decode step over every decoding slot (decode_step: what a batched
-// forward over the weights will replace), hand the tokens to their requests, and free a
-// slot as soon as its request finishes or is cancelled (a client gone).
+// request, then one decode step for every decoding slot together (ModelRunner::decode_batch:
+// one pass over the weights for all of them, each sequence's logits those it gets alone),
+// hand the tokens to their requests, and free a slot as soon as its request finishes or is
+// cancelled (a client gone).
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -85,9 +86,9 @@ struct SchedulerOptions {
 
 class Scheduler {
  public:
-  // One slot per runner; they must not run concurrently (siblings share threads) and only
-  // the scheduler thread runs them from now on.
-  Scheduler(std::vector<std::unique_ptr<ModelRunner>> runners, const Tokenizer& tokenizer, SchedulerOptions options,
+  // `slots` sequences of `runner` (it must hold that many: max_sequences()); only the
+  // scheduler thread runs it from now on.
+  Scheduler(std::unique_ptr<ModelRunner> runner, int slots, const Tokenizer& tokenizer, SchedulerOptions options,
             Metrics& metrics);
   ~Scheduler();  // shutdown()
   // Stops the thread and ends every queued and running request with an error (idempotent).
@@ -102,9 +103,8 @@ class Scheduler {
 
  private:
   struct Slot {
-    int index = 0;
-    std::unique_ptr<ModelRunner> runner;
-    std::vector<int32_t> cached;  // the ids whose keys and values the runner holds, in order
+    int index = 0;                // its sequence in the runner
+    std::vector<int32_t> cached;  // the ids whose keys and values the sequence holds, in order
     // How many of them a later prompt may reuse and still get `tessera run`'s numbers: those
     // a prefill pass of at least kMinPrefillRows computed (see kMinPrefillRows).
     size_t reusable = 0;
@@ -128,12 +128,16 @@ class Scheduler {
   void admit(std::unique_lock<std::mutex>& lock);
   void prefill_step(Slot& slot);
   // One generated token for every slot given: sample from its logits, hand the token to
-  // its job, stop it or run the token through the model for the next step's logits. The
-  // batched forward replaces the per-slot forward calls here.
+  // its job, stop it, or run the token through the model for the next step's logits; the
+  // slots that go on run in one decode_batch.
   void decode_step(std::span<Slot*> slots);
-  void decode_one(Slot& slot);
+  // Samples and hands over the slot's next token; the token to run next, or none when the
+  // request ended.
+  std::optional<int32_t> next_token(Slot& slot);
+  ModelRunner& sequence(const Slot& slot);  // the runner with the slot's sequence selected
   void release(Slot& slot, const std::string& reason, const std::string& error = "");
 
+  std::unique_ptr<ModelRunner> runner_;
   std::vector<Slot> slots_;
   const Tokenizer& tokenizer_;
   SchedulerOptions options_;

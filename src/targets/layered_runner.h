@@ -61,8 +61,6 @@ class LayeredRunner : public StagedRunner {
 
   void set_output_tap(std::shared_ptr<OutputTap> tap) override { tap_ = std::move(tap); }
   void set_kernel_interceptor(std::shared_ptr<KernelInterceptor> i) override { interceptor_ = std::move(i); }
-  const std::shared_ptr<OutputTap>& output_tap() const { return tap_; }
-  const std::shared_ptr<KernelInterceptor>& kernel_interceptor() const { return interceptor_; }
 
   // With profiling on: wall seconds spent in each stage since construction (or clear).
   std::map<std::string, double> stage_seconds() const;

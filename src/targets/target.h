@@ -44,11 +44,6 @@ class ModelRunner {
   // on sequence seqs[i] alone (bit for bit where the target says so). The selection is kept.
   // By default, one forward per sequence.
   virtual std::vector<float> decode_batch(std::span<const int> seqs, std::span<const int32_t> ids);
-  // Another runner of the same model with an empty KV cache of its own that shares this
-  // one's weights (held once) and runs exactly the same code, for serving several sequences;
-  // null where the target cannot share its weights. Siblings may share worker threads: run
-  // them one at a time.
-  virtual std::unique_ptr<ModelRunner> sibling() { return nullptr; }
 };
 
 // The oracle as a runner (the reference every target is gated against).

@@ -154,7 +154,7 @@ TargetDef cpu_target_def() {
 CpuRunner::CpuRunner(const Model& model, CpuOptions options)
     : LayeredRunner(model, options.oracle_stages, options.profile), options_(std::move(options)) {
   pool_ = std::make_shared<cpu::ThreadPool>(options_.threads > 0 ? options_.threads : default_threads());
-  // The store keeps the pool it loads with alive (a sibling may outlive this runner).
+  // The store keeps the pool it loads with alive.
   auto store = std::make_shared<CpuWeightStore>(
       [pool = pool_](int64_t n, const std::function<void(int64_t, int64_t)>& body) { pool->parallel_for(n, body); });
   const ModelSpec& s = model.spec();
@@ -164,26 +164,6 @@ CpuRunner::CpuRunner(const Model& model, CpuOptions options)
   load_matrices(*store);
   weights_ = std::move(store);
   release_copied_file_pages();
-}
-
-CpuRunner::CpuRunner(const Model& model, std::shared_ptr<const CpuWeightStore> weights,
-                     std::shared_ptr<cpu::ThreadPool> pool, CpuOptions options)
-    : LayeredRunner(model, options.oracle_stages, options.profile), options_(std::move(options)) {
-  if (!weights || !pool) fail("cpu target: a runner on shared weights needs the weights and the threads");
-  pool_ = std::move(pool);
-  weights_ = std::move(weights);
-  options_.threads = pool_->size();
-  const ModelSpec& s = model.spec();
-  caches_.push_back(std::make_unique<cpu::KvCache>(s.n_layers, s.kv_dim()));
-  cache_ = caches_[0].get();
-  for (const Weight* w : matrix_weights()) weights_->get(w->name);  // throws if the store lacks one
-}
-
-std::unique_ptr<ModelRunner> CpuRunner::sibling() {
-  auto r = std::make_unique<CpuRunner>(model_, weights_, pool_, options_);
-  r->set_output_tap(output_tap());
-  r->set_kernel_interceptor(kernel_interceptor());
-  return r;
 }
 
 // Every tensor the cpu reads is now its own copy (tiles, bf16 conversions, the fp32 norms

@@ -45,17 +45,7 @@ TargetDef cpu_target_def();
 class CpuRunner final : public LayeredRunner {
  public:
   CpuRunner(const Model& model, CpuOptions options = {});
-  // A runner on weights another runner loaded (weights()'s owner, shared_weights()) and on
-  // its worker threads, with a KV cache of its own: N sequences served side by side hold
-  // the weights once. The threads are shared, so the runners must not run concurrently
-  // (the server's one scheduler thread runs them in turn).
-  CpuRunner(const Model& model, std::shared_ptr<const CpuWeightStore> weights, std::shared_ptr<cpu::ThreadPool> pool,
-            CpuOptions options = {});
   ~CpuRunner() override;
-  // Another runner on the same weights and threads with an empty KV cache of its own, and
-  // this one's output tap and kernel interceptor (a deployment's perturbations and faults).
-  std::unique_ptr<ModelRunner> sibling() override;
-  std::shared_ptr<const CpuWeightStore> shared_weights() const { return weights_; }
 
   std::string target() const override { return "cpu"; }
   std::string description() const override;  // "cpu (avx512bf16, 2 threads)"
