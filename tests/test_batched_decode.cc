@@ -128,8 +128,12 @@ TEST(BatchedDecode, RefusesWhatItCannotRun) {
   EXPECT_THROW(cpu.decode_batch(std::vector<int>{0, 1}, std::vector<int32_t>{3, -1}), Error);  // bad id
   EXPECT_THROW(cpu.decode_batch(std::vector<int>{0}, ids), Error);                   // sizes differ
   EXPECT_THROW(cpu.select_sequence(-1), Error);
-  // A refused step leaves the positions as they were.
+  // A refused step leaves the positions and the selection as they were.
   EXPECT_EQ(cpu.position(), 0);
+  EXPECT_EQ(cpu.selected_sequence(), 0);
+  cpu.select_sequence(2);
+  EXPECT_THROW(cpu.decode_batch(std::vector<int>{2, 1}, std::vector<int32_t>{3, -1}), Error);
+  EXPECT_EQ(cpu.selected_sequence(), 2);
   // The oracle holds one sequence: its decode_batch is a forward of that one.
   OracleRunner oracle(m, 1);
   EXPECT_EQ(oracle.max_sequences(), 1);

@@ -86,10 +86,11 @@ std::vector<float> LayeredRunner::decode_batch(std::span<const int> seqs, std::s
     if (std::find(seen.begin(), seen.end(), seq) != seen.end())
       fail("{} target: sequence {} appears twice in one decode step", target(), seq);
     seen.push_back(seq);
-    select_sequence(seq);  // checks the range; positions below
-    if (position_ + 1 > s.max_position)
-      fail("{} target: sequence {} is at position {}, the model's context is {}", target(), seq, position_,
-           s.max_position);
+    if (seq < 0 || seq >= max_sequences())
+      fail("{} target: sequence {} is outside the {} it holds", target(), seq, max_sequences());
+    const int64_t at = seq == selected_ ? position_ : size_t(seq) < seqs_.size() ? seqs_[size_t(seq)].position : 0;
+    if (at + 1 > s.max_position)
+      fail("{} target: sequence {} is at position {}, the model's context is {}", target(), seq, at, s.max_position);
     if (ids[size_t(r)] < 0 || ids[size_t(r)] >= s.vocab)
       fail("{} target: token id {} is outside the vocabulary [0, {})", target(), ids[size_t(r)], s.vocab);
   }
