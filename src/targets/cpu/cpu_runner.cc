@@ -153,10 +153,9 @@ TargetDef cpu_target_def() {
 
 CpuRunner::CpuRunner(const Model& model, CpuOptions options)
     : LayeredRunner(model, options.oracle_stages, options.profile), options_(std::move(options)) {
-  pool_ = std::make_shared<cpu::ThreadPool>(options_.threads > 0 ? options_.threads : default_threads());
-  // The store keeps the pool it loads with alive.
-  auto store = std::make_shared<CpuWeightStore>(
-      [pool = pool_](int64_t n, const std::function<void(int64_t, int64_t)>& body) { pool->parallel_for(n, body); });
+  pool_ = std::make_unique<cpu::ThreadPool>(options_.threads > 0 ? options_.threads : default_threads());
+  auto store = std::make_unique<CpuWeightStore>(
+      [this](int64_t n, const std::function<void(int64_t, int64_t)>& body) { pool_->parallel_for(n, body); });
   const ModelSpec& s = model.spec();
   caches_.push_back(std::make_unique<cpu::KvCache>(s.n_layers, s.kv_dim()));
   cache_ = caches_[0].get();

@@ -95,10 +95,10 @@ class CpuRunner final : public LayeredRunner {
   void release_copied_file_pages() const;
 
   CpuOptions options_;
-  std::shared_ptr<cpu::ThreadPool> pool_;
+  std::unique_ptr<cpu::ThreadPool> pool_;
   std::vector<std::unique_ptr<cpu::KvCache>> caches_;  // one per sequence, made when first selected
   cpu::KvCache* cache_ = nullptr;                       // the selected one
-  std::shared_ptr<const CpuWeightStore> weights_;
+  std::unique_ptr<const CpuWeightStore> weights_;
 };
 
 }  // namespace tessera
