@@ -23,7 +23,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 bool g_quick = false;
-std::string g_only;      // "", "gemv", "qgemv", "gemm", "attn", "pool", "bw"
+std::string g_only;      // "", "gemv", "qgemv", "bgemv", "gemm", "attn", "pool", "bw"
 int g_threads = 0;       // 0: 1 and 2
 std::string g_path;      // "": every path
 bool want(const char* what) { return g_only.empty() || g_only == what; }
@@ -176,6 +176,54 @@ void bench_qgemv(ThreadPool& pool, double bw) {
   }
 }
 
+// The batched decode GEMV (matmul_rows: T sequences' rows against one matrix, the
+// weights read once for all of them), out of cache, per type and T: the time per call and
+// the rows it serves per second against T = 1's. What a batched decode step can gain over
+// one stream is bounded by this ratio.
+void bench_batched_gemv(ThreadPool& pool) {
+  using tessera::DType;
+  constexpr int64_t N = 2048, K = 2048;
+  std::printf("  batched gemv [%ld x %ld], out of cache: us per call (rows/s vs T = 1)\n", long(N), long(K));
+  for (DType t : {DType::BF16, DType::Q4_0, DType::Q8_0, DType::Q4_K}) {
+    const bool bf16 = t == DType::BF16;
+    const size_t per_call = bf16 ? size_t(N * K * 2) : size_t(x16_bytes(t, N, K));
+    const size_t copies = std::max<size_t>(2, (size_t(256) << 20) / per_call);
+    std::vector<uint8_t> data(per_call * copies);
+    std::mt19937 rng(3);
+    if (bf16) {
+      auto* v = reinterpret_cast<uint16_t*>(data.data());
+      for (size_t e = 0; e < data.size() / 2; ++e) v[e] = uint16_t(0x3F80 | (rng() & 0x7F));  // bf16 in [1, 2)
+    } else {
+      for (auto& b : data) b = uint8_t(rng());
+      const int64_t tile = x16_tile_bytes(t);
+      for (size_t at = 0; at + 64 <= data.size(); at += size_t(tile))
+        for (int e = 0; e < 32; ++e) reinterpret_cast<uint16_t*>(data.data() + at)[e] = 0x3C00;
+    }
+    std::vector<WeightMatrix> ws;
+    for (size_t c = 0; c < copies; ++c)
+      ws.push_back(bf16 ? WeightMatrix(Bf16Matrix{reinterpret_cast<const uint16_t*>(data.data() + c * per_call), N, K})
+                        : WeightMatrix(t, data.data() + c * per_call, N, K));
+    std::vector<float> x(size_t(16 * K)), y(size_t(16 * N));
+    for (auto& v : x) v = std::normal_distribution<float>()(rng);
+    std::printf("  %-5s", tessera::dtype_name(t));
+    double one = 0;
+    size_t i = 0;
+    for (int64_t T : {1, 2, 4, 8, 16}) {
+      const int calls = int(std::max<size_t>(1, (size_t(64) << 20) / per_call));
+      const double s = best_time([&] {
+        for (int c = 0; c < calls; ++c) {
+          const MatmulOut out[] = {{&ws[i], nullptr, y.data()}};
+          matmul_rows(x.data(), T, out, pool);
+          i = (i + 1) % copies;
+        }
+      }, g_quick ? 0.2 : 0.6, g_quick ? 4 : 8) / calls;
+      if (T == 1) one = s;
+      std::printf("  T=%-2ld %7.1f us (%4.2fx)", long(T), s * 1e6, one / s * double(T));
+    }
+    std::printf("\n");
+  }
+}
+
 void bench_gemm(ThreadPool& pool) {
   for (int64_t T : {128, 512}) {
     for (const Shape& s : kShapes) {
@@ -248,7 +296,7 @@ int main(int argc, char** argv) {
     else if (a == "--threads" && i + 1 < argc) g_threads = std::atoi(argv[++i]);
     else if (a == "--path" && i + 1 < argc) g_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: tessera_kernel_bench [--quick] [--only gemv|qgemv|gemm|attn|pool|bw] [--threads N] [--path P]\n");
+      std::fprintf(stderr, "usage: tessera_kernel_bench [--quick] [--only gemv|qgemv|bgemv|gemm|attn|pool|bw] [--threads N] [--path P]\n");
       return 2;
     }
   }
@@ -276,6 +324,7 @@ int main(int argc, char** argv) {
       std::printf(" -- path %s (isa %s)\n", path.c_str(), isa().c_str());
       if (want("gemv")) bench_gemv(pool, bw);
       if (want("qgemv")) bench_qgemv(pool, bw);
+      if (want("bgemv")) bench_batched_gemv(pool);
       if (want("gemm")) bench_gemm(pool);
       if (want("attn")) bench_attention(pool);
     }

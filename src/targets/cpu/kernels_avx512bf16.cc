@@ -39,6 +39,9 @@
 #define TS_AMX                                                                                             \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vnni,fma,amx-tile,amx-bf16")))
 
+#define TS_AMX_INT8                                                                                        \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vnni,fma,amx-tile,amx-int8")))
+
 namespace tessera::cpu::detail {
 
 bool cpu_has_avx512bf16() {
@@ -63,6 +66,15 @@ bool cpu_has_amx() {
     // thread); a kernel that refuses it (or predates 5.16) leaves AMX off.
     constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
     return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+  }();
+  return has;
+}
+
+bool cpu_has_amx_int8() {
+  static const bool has = [] {
+    if (!cpu_has_amx()) return false;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 25) & 1);
   }();
   return has;
 }
@@ -586,6 +598,45 @@ TS_BF16_INLINE void value_vectors(const uint8_t* tile, int j, int c, __m512i& v0
   }
 }
 
+// One activation row's share of chunk j (32 values) of a tile, from the chunk's integer
+// dots with x's two terms (the weights' offset already taken out; sh[h], sl[h]: per 16-value
+// half for Q6_K): scaled and summed in fp32. Both decode GEMVs (VNNI and AMX) end each chunk
+// here, so their rows are the same numbers bit for bit.
+template <DType kType>
+TS_BF16_INLINE void finish_chunk(const Q8Row& x, const uint8_t* tile, int j, int64_t xb, const __m512i* sh,
+                                 const __m512i* sl, __m512 d, __m512 lo_scale, __m512& blk, __m512& blk_min,
+                                 __m512& acc0, __m512& acc1) {
+  constexpr X16Layout L = x16_layout(kType);
+  constexpr bool kHalves = kType == DType::Q6_K;
+  const __m512 xd = _mm512_set1_ps(x.d[size_t(xb)]);
+  for (int h = 0; h < (kHalves ? 2 : 1); ++h) {
+    const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl[h]), lo_scale, _mm512_cvtepi32_ps(sh[h]));
+    if constexpr (x16_k_scales(kType)) {
+      blk = _mm512_fmadd_ps(dot, _mm512_mul_ps(scales_u8(tile + L.sc + j * 16), xd), blk);
+    } else if constexpr (kType == DType::Q6_K) {
+      blk = _mm512_fmadd_ps(dot, _mm512_mul_ps(scales_i8(tile + L.sc + (2 * j + h) * 16), xd), blk);
+    } else {
+      acc0 = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, xd), acc0);
+    }
+  }
+  if constexpr (x16_has_min(kType))
+    acc1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + L.m))),
+                           _mm512_set1_ps(x.dsum[size_t(xb)]), acc1);
+  if constexpr (x16_k_scales(kType))
+    blk_min = _mm512_fmadd_ps(scales_u8(tile + L.m + j * 16), _mm512_set1_ps(x.dsum[size_t(xb)]), blk_min);
+}
+
+// The end of a tile: a super-block's scale (and min scale) once per 256 values, not per chunk.
+template <DType kType>
+TS_BF16_INLINE void finish_block(const uint8_t* tile, __m512 d, __m512 blk, __m512 blk_min, __m512& acc0,
+                                 __m512& acc1) {
+  if constexpr (x16_k_scales(kType) || kType == DType::Q6_K) acc0 = _mm512_fmadd_ps(d, blk, acc0);
+  if constexpr (x16_k_scales(kType)) {
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 32)));
+    acc1 = _mm512_fnmadd_ps(dmin, blk_min, acc1);
+  }
+}
+
 // y[r][16 g + i] for R activation rows x[r] and tile group g (16 weight rows), masked at the
 // matrix's last row. Each row's sums are the same instructions in the same order whatever R
 // is, so a batched decode step computes what R single steps compute, bit for bit; the tiles'
@@ -599,7 +650,6 @@ TS_BF16 void gemv_x16_group(const Q8Row* const* x, const uint8_t* tiles, int64_t
   constexpr int64_t kLines = (L.bytes + 63) / 64, kAhead = 4096;
   constexpr int32_t kOffset = L.offset;
   constexpr bool kHalves = kType == DType::Q6_K;  // a scale per 16 values
-  constexpr bool kSuper = x16_k_scales(kType) || kType == DType::Q6_K;  // sub-block scales under one d
   const int64_t blocks = K / L.values;
   const __m512 lo_scale = _mm512_set1_ps(1.0f / Q8Row::kLoScale);
   const int32_t* xh[R];
@@ -653,34 +703,10 @@ TS_BF16 void gemv_x16_group(const Q8Row* const* x, const uint8_t* tiles, int64_t
           sl[r][h] = _mm512_dpbusd_epi32(sl[r][h], v1, _mm512_set1_epi32(bl[2 * c + 1]));
         }
       }
-      for (int r = 0; r < R; ++r) {
-        const __m512 xd = _mm512_set1_ps(x[r]->d[size_t(xb)]);
-        for (int h = 0; h < (kHalves ? 2 : 1); ++h) {
-          const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl[r][h]), lo_scale, _mm512_cvtepi32_ps(sh[r][h]));
-          if constexpr (x16_k_scales(kType)) {
-            blk[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scales_u8(tile + L.sc + j * 16), xd), blk[r]);
-          } else if constexpr (kType == DType::Q6_K) {
-            blk[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scales_i8(tile + L.sc + (2 * j + h) * 16), xd), blk[r]);
-          } else {
-            acc0[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, xd), acc0[r]);
-          }
-        }
-        if constexpr (x16_has_min(kType))
-          acc1[r] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + L.m))),
-                                    _mm512_set1_ps(x[r]->dsum[size_t(xb)]), acc1[r]);
-        if constexpr (x16_k_scales(kType))
-          blk_min[r] = _mm512_fmadd_ps(scales_u8(tile + L.m + j * 16), _mm512_set1_ps(x[r]->dsum[size_t(xb)]),
-                                       blk_min[r]);
-      }
+      for (int r = 0; r < R; ++r)
+        finish_chunk<kType>(*x[r], tile, j, xb, sh[r], sl[r], d, lo_scale, blk[r], blk_min[r], acc0[r], acc1[r]);
     }
-    // The super-block's scale (and min scale) once per 256 values, not per chunk.
-    for (int r = 0; r < R; ++r) {
-      if constexpr (kSuper) acc0[r] = _mm512_fmadd_ps(d, blk[r], acc0[r]);
-      if constexpr (x16_k_scales(kType)) {
-        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 32)));
-        acc1[r] = _mm512_fnmadd_ps(dmin, blk_min[r], acc1[r]);
-      }
-    }
+    for (int r = 0; r < R; ++r) finish_block<kType>(tile, d, blk[r], blk_min[r], acc0[r], acc1[r]);
   }
   const int64_t n = g * kTileRows, rows = std::min<int64_t>(kTileRows, N - n);
   const __mmask16 m = rows == 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
@@ -691,14 +717,173 @@ TS_BF16 void gemv_x16_group(const Q8Row* const* x, const uint8_t* tiles, int64_t
   }
 }
 
-// Groups [g0, g1) for `rows` activation rows, kGemvRows at a time: a group's tiles come from
-// memory once and stay in L2 for the next rows.
+// ---- The batched decode GEMV on AMX tiles (AMX-INT8). A chunk's 16 weight rows x 32 values
+// in the x16 layout (lane i: four consecutive values of row i) are already the rows of an
+// AMX B tile of unsigned bytes; an A tile holds the chunk's 32 values of x's hi terms for R
+// rows and of its lo terms below them (2R <= 16 tile rows); one TDPBSUD makes every row's two
+// integer dots at once, which the vector unit then scales exactly as the VNNI GEMV does
+// (finish_chunk). The integer dots are exact whatever their order, so each row is its
+// one-row GEMV's result bit for bit; the AMX unit takes the dot products off the vector
+// ports, which are what limits the VNNI GEMV once several rows share the weights.
+// Measured (tessera_kernel_bench --only bgemv, 2 threads, [2048 x 2048] out of cache): 8
+// rows of Q4_0 / Q4_K 228 / 234 us against VNNI's 265 / 263; 2 and 4 rows slower than VNNI.
+constexpr int kAmxGemvRows = 8;  // activation rows per A tile (hi and lo: 16 tile rows)
+
+// A round is two tile products: two chunks, or Q6_K's two halves of one (a scale per 16
+// values). Tiles 0/1: A (x's terms) of product 0/1, 2/3: B (the weights), 4/5 and 6/7: C (the
+// dots) of even and odd rounds, so that a round's products wait neither for each other nor
+// for the previous round's stores.
+TS_AMX_INT8 void amx_gemv_config(int R, int sub) {
+  AmxConfig cfg;
+  for (int i = 0; i < 2; ++i) {
+    cfg.colsb[i] = uint16_t(sub);
+    cfg.rows[i] = uint8_t(2 * R);
+    cfg.colsb[2 + i] = 64;
+    cfg.rows[2 + i] = uint8_t(sub / 4);
+  }
+  for (int i = 4; i < 8; ++i) {
+    cfg.colsb[i] = 64;
+    cfg.rows[i] = uint8_t(2 * R);
+  }
+  asm volatile("" : : "r"(&cfg) : "memory");  // as amx_begin: ldtilecfg reads cfg
+  _tile_loadconfig(&cfg);
+}
+
+// One product: C = A . B (A: 2R rows of x's terms, lda apart; B: value vectors 64 bytes
+// apart), stored to out. A macro: the tile intrinsics take the tile numbers as literal text.
+#define TS_AMX_PRODUCT(A, B, C, a, lda, w, out) \
+  do {                                          \
+    _tile_loadd(A, a, lda);                     \
+    _tile_loadd(B, w, 64);                      \
+    _tile_zero(C);                              \
+    _tile_dpbsud(C, A, B);                      \
+    _tile_stored(C, out, 64);                   \
+  } while (0)
+
+// gemv_x16_group for R = kAmxGemvRows rows whose terms are the int8 matrix a (rows [0, R):
+// hi, [R, 2R): lo; row stride K bytes), as a pipeline over rounds: round k + 2's weights are
+// unpacked, round k + 1's products made and round k's dots scaled in the same step, so the
+// AMX unit's latency and the stores it reads and writes overlap the vector unit's work.
 template <DType kType>
-void gemv_x16(const Q8Row* const* x, int rows, const uint8_t* tiles, int64_t N, int64_t K, const float* bias,
-              float* const* y, int64_t g0, int64_t g1) {
+TS_AMX_INT8 void gemv_x16_group_amx(const Q8Row* const* x, const int8_t* a, const uint8_t* tiles, int64_t N,
+                                    int64_t K, const float* bias, float* const* y, int64_t g, bool prefetch) {
+  constexpr int R = kAmxGemvRows;  // a constant: the accumulators stay in registers
+  constexpr X16Layout L = x16_layout(kType);
+  constexpr int kChunks = int(L.values / 32);
+  constexpr int64_t kLines = (L.bytes + 63) / 64, kAhead = 4096;
+  constexpr int32_t kOffset = L.offset;
+  constexpr bool kHalves = kType == DType::Q6_K;
+  constexpr int kHalvesPer = kHalves ? 2 : 1, kRound = 2 / kHalvesPer;  // chunks per round
+  const int64_t blocks = K / L.values, chunks = blocks * kChunks, rounds = (chunks + kRound - 1) / kRound;
+  const __m512 lo_scale = _mm512_set1_ps(1.0f / Q8Row::kLoScale);
+  const uint8_t* first_tile = tiles + g * blocks * L.bytes;
+  alignas(64) uint8_t unpacked[3][kRound][512];  // [round % 3][chunk]: value vectors (Q8_0's are stored so)
+  alignas(64) int32_t dots[2][2][16 * 16];       // [round parity][product][tile row][weight row]
+  __m512 acc0[kAmxGemvRows], acc1[kAmxGemvRows], blk[kAmxGemvRows], blk_min[kAmxGemvRows];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = blk[r] = blk_min[r] = _mm512_setzero_ps();
+  auto chunk_of = [&](int64_t k, int i) { return std::min(k * kRound + i, chunks - 1); };  // past the end: the last again
+  auto tile_of = [&](int64_t q) { return first_tile + (q / kChunks) * L.bytes; };
+
+  auto unpack_round = [&](int64_t k) TS_AMX_INT8 {
+    for (int i = 0; i < kRound; ++i) {
+      const int64_t q = chunk_of(k, i);
+      const int j = int(q % kChunks);
+      const uint8_t* tile = tile_of(q);
+      if (prefetch && k * kRound + i < chunks)  // as gemv_x16_group
+        for (int64_t line = j * kLines / kChunks; line < (j + 1) * kLines / kChunks; ++line)
+          _mm_prefetch(reinterpret_cast<const char*>(tile) + kAhead + 64 * line, _MM_HINT_T1);
+      if constexpr (kType != DType::Q8_0)
+        for (int c = 0; c < 4; ++c) {
+          __m512i v0, v1;
+          value_vectors<kType>(tile, j, c, v0, v1);
+          _mm512_store_si512(unpacked[k % 3][i] + 128 * c, v0);
+          _mm512_store_si512(unpacked[k % 3][i] + 128 * c + 64, v1);
+        }
+    }
+  };
+  auto dot_round = [&](int64_t k) TS_AMX_INT8 {
+    const uint8_t* w[kRound];
+    for (int i = 0; i < kRound; ++i) w[i] = kType == DType::Q8_0 ? tile_of(chunk_of(k, i)) + L.qs : unpacked[k % 3][i];
+    int32_t(*out)[256] = dots[k & 1];
+    const int8_t* a0 = a + chunk_of(k, 0) * 32;
+    const int8_t* a1 = kHalves ? a0 + 16 : a + chunk_of(k, 1) * 32;
+    const uint8_t* w1 = kHalves ? w[0] + 256 : w[kRound - 1];
+    if (k & 1) {
+      TS_AMX_PRODUCT(0, 2, 6, a0, K, w[0], out[0]);
+      TS_AMX_PRODUCT(1, 3, 7, a1, K, w1, out[1]);
+    } else {
+      TS_AMX_PRODUCT(0, 2, 4, a0, K, w[0], out[0]);
+      TS_AMX_PRODUCT(1, 3, 5, a1, K, w1, out[1]);
+    }
+  };
+  auto scale_round = [&](int64_t k) TS_AMX_INT8 {
+    int32_t(*in)[256] = dots[k & 1];
+    for (int i = 0; i < kRound && k * kRound + i < chunks; ++i) {
+      const int64_t q = k * kRound + i;
+      const int j = int(q % kChunks);
+      const uint8_t* tile = tile_of(q);
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile)));
+      for (int r = 0; r < R; ++r) {
+        const int32_t* s16h = x[r]->sum_hi.data() + 2 * q;
+        const int32_t* s16l = x[r]->sum_lo.data() + 2 * q;
+        __m512i sh[2], sl[2];
+        for (int h = 0; h < kHalvesPer; ++h) {
+          // The weights' offset out, in integers, as the VNNI GEMV's starting sums.
+          const int32_t oh = kHalves ? s16h[h] : s16h[0] + s16h[1], ol = kHalves ? s16l[h] : s16l[0] + s16l[1];
+          const int32_t* c = in[i * kHalvesPer + h];
+          sh[h] = _mm512_add_epi32(_mm512_load_si512(c + 16 * r), _mm512_set1_epi32(-kOffset * oh));
+          sl[h] = _mm512_add_epi32(_mm512_load_si512(c + 16 * (R + r)), _mm512_set1_epi32(-kOffset * ol));
+        }
+        finish_chunk<kType>(*x[r], tile, j, q, sh, sl, d, lo_scale, blk[r], blk_min[r], acc0[r], acc1[r]);
+        if (j == kChunks - 1) {
+          finish_block<kType>(tile, d, blk[r], blk_min[r], acc0[r], acc1[r]);
+          blk[r] = blk_min[r] = _mm512_setzero_ps();
+        }
+      }
+    }
+  };
+  unpack_round(0);
+  unpack_round(1);
+  dot_round(0);
+  for (int64_t k = 0; k < rounds; ++k) {
+    if (k + 2 < rounds) unpack_round(k + 2);
+    if (k + 1 < rounds) dot_round(k + 1);
+    scale_round(k);
+  }
+  const int64_t n = g * kTileRows, rows = std::min<int64_t>(kTileRows, N - n);
+  const __mmask16 m = rows == 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
+  for (int r = 0; r < R; ++r) {
+    __m512 out = _mm512_add_ps(acc0[r], acc1[r]);
+    if (bias) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(m, bias + n));
+    _mm512_mask_storeu_ps(y[r] + n, m, out);
+  }
+}
+
+// Groups [g0, g1) for `rows` (a multiple of kAmxGemvRows) activation rows, kAmxGemvRows at a
+// time (a: their terms, see amx_terms).
+template <DType kType>
+TS_AMX_INT8 void gemv_x16_amx(const Q8Row* const* x, int rows, const int8_t* a, const uint8_t* tiles, int64_t N,
+                              int64_t K, const float* bias, float* const* y, int64_t g0, int64_t g1) {
+  amx_gemv_config(kAmxGemvRows, kType == DType::Q6_K ? 16 : 32);
   for (int64_t g = g0; g < g1; ++g)
-    for (int r0 = 0; r0 < rows; r0 += kGemvRows) {
-      const bool first = r0 == 0;
+    for (int r0 = 0; r0 < rows; r0 += kAmxGemvRows)
+      gemv_x16_group_amx<kType>(x + r0, a + int64_t(r0) * 2 * K, tiles, N, K, bias, y + r0, g, r0 == 0);
+  _tile_release();
+}
+
+// Groups [g0, g1) for `rows` activation rows: whole blocks of kAmxGemvRows rows on AMX when a
+// (their terms) is given, the rest kGemvRows at a time on VNNI. A group's tiles come from
+// memory once and stay in L2 for the next rows. Q8_0 stays on VNNI: its AMX B tiles would
+// be read straight from the stream (not unpacked first), measured slower.
+template <DType kType>
+void gemv_x16(const Q8Row* const* x, int rows, const int8_t* a, const uint8_t* tiles, int64_t N, int64_t K,
+              const float* bias, float* const* y, int64_t g0, int64_t g1) {
+  const int on_amx = a && kType != DType::Q8_0 ? rows / kAmxGemvRows * kAmxGemvRows : 0;
+  if (on_amx) gemv_x16_amx<kType>(x, on_amx, a, tiles, N, K, bias, y, g0, g1);
+  if (on_amx == rows) return;
+  for (int64_t g = g0; g < g1; ++g)
+    for (int r0 = on_amx; r0 < rows; r0 += kGemvRows) {
+      const bool first = r0 == 0;  // after AMX rows: the tiles are in L2
       switch (std::min(kGemvRows, rows - r0)) {
         case 1: gemv_x16_group<kType, 1>(x + r0, tiles, N, K, bias, y + r0, g, first); break;
         case 2: gemv_x16_group<kType, 2>(x + r0, tiles, N, K, bias, y + r0, g, first); break;
@@ -708,18 +893,19 @@ void gemv_x16(const Q8Row* const* x, int rows, const uint8_t* tiles, int64_t N, 
     }
 }
 
-void gemv_quantized(const Q8Row* const* x, int rows, const WeightMatrix& w, const float* bias, float* const* y,
-                    int64_t g0, int64_t g1) {
+// a: x's terms for the AMX GEMV (amx_terms), or null: the VNNI GEMV.
+void gemv_quantized(const Q8Row* const* x, int rows, const int8_t* a, const WeightMatrix& w, const float* bias,
+                    float* const* y, int64_t g0, int64_t g1) {
   const uint8_t* t = w.tiles();
   switch (w.dtype) {
-    case DType::Q4_0: return gemv_x16<DType::Q4_0>(x, rows, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q4_1: return gemv_x16<DType::Q4_1>(x, rows, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q5_0: return gemv_x16<DType::Q5_0>(x, rows, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q5_1: return gemv_x16<DType::Q5_1>(x, rows, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q5_K: return gemv_x16<DType::Q5_K>(x, rows, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q8_0: return gemv_x16<DType::Q8_0>(x, rows, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q4_K: return gemv_x16<DType::Q4_K>(x, rows, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q6_K: return gemv_x16<DType::Q6_K>(x, rows, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q4_0: return gemv_x16<DType::Q4_0>(x, rows, a, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q4_1: return gemv_x16<DType::Q4_1>(x, rows, a, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q5_0: return gemv_x16<DType::Q5_0>(x, rows, a, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q5_1: return gemv_x16<DType::Q5_1>(x, rows, a, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q5_K: return gemv_x16<DType::Q5_K>(x, rows, a, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q8_0: return gemv_x16<DType::Q8_0>(x, rows, a, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q4_K: return gemv_x16<DType::Q4_K>(x, rows, a, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q6_K: return gemv_x16<DType::Q6_K>(x, rows, a, t, w.rows, w.cols, bias, y, g0, g1);
     default: fail("cpu kernels: no AVX-512 kernel reads {} weights", dtype_name(w.dtype));
   }
 }
@@ -818,6 +1004,19 @@ void gemm_quantized_range(const uint16_t* xb, int64_t xs, int64_t T, const Weigh
   }
 }
 
+// x's terms as the AMX GEMV's A matrices: per kAmxGemvRows rows (rows: a multiple of it),
+// their hi rows then their lo rows ([2R][K] int8 each block of R rows).
+void amx_terms(const Q8Row* const* x, int rows, int64_t K, int8_t* out) {
+  for (int r0 = 0; r0 < rows; r0 += kAmxGemvRows) {
+    constexpr int R = kAmxGemvRows;
+    int8_t* block = out + int64_t(r0) * 2 * K;
+    for (int i = 0; i < R; ++i) {
+      std::memcpy(block + int64_t(i) * K, x[r0 + i]->hi.data(), size_t(K));
+      std::memcpy(block + int64_t(R + i) * K, x[r0 + i]->lo.data(), size_t(K));
+    }
+  }
+}
+
 // The decode GEMV of `rows` activation rows (x fp32, xb their bf16 copies, row stride Kp)
 // against every matrix of outs: row r of each output exactly as a one-row call computes it.
 void gemv_outs(const float* x, int64_t rows, const uint16_t* xb, int64_t Kp, std::span<const MatmulOut> outs,
@@ -834,6 +1033,14 @@ void gemv_outs(const float* x, int64_t rows, const uint16_t* xb, int64_t Kp, std
     if (any_quantized) xq_buf[size_t(r)].quantize(x + r * K, K);
     xq[size_t(r)] = &xq_buf[size_t(r)];
     xr[size_t(r)] = xb ? xb + r * Kp : nullptr;
+  }
+  // Several rows on quantized weights: the AMX GEMV, which reads x's terms as A tiles.
+  thread_local std::vector<int8_t> terms_buf;
+  const int8_t* terms = nullptr;
+  if (any_quantized && rows >= kAmxGemvRows && use_amx() && cpu_has_amx_int8()) {
+    terms_buf.resize(size_t(rows * 2 * K));
+    amx_terms(xq.data(), int(rows / kAmxGemvRows * kAmxGemvRows), K, terms_buf.data());
+    terms = terms_buf.data();
   }
   // Every matrix's rows in blocks of 16, numbered across the matrices in order, handed
   // out in dynamic chunks of >= 4 blocks (64 rows): a thread that the memory system
@@ -856,7 +1063,7 @@ void gemv_outs(const float* x, int64_t rows, const uint16_t* xb, int64_t Kp, std
           for (int64_t r = 0; r < rows; ++r) y[size_t(r)] = o.y + r * o.w->rows;
           const int64_t b0 = b - first[i], b1 = std::min(e, first[i + 1]) - first[i];
           if (o.w->quantized())
-            gemv_quantized(xq.data(), int(rows), *o.w, o.bias, y.data(), b0, b1);
+            gemv_quantized(xq.data(), int(rows), terms, *o.w, o.bias, y.data(), b0, b1);
           else
             gemv_range(xr.data(), int(rows), o.w->bf16().data, K, o.bias, y.data(), b0 * 16,
                        std::min(o.w->rows, b1 * 16));

@@ -38,6 +38,8 @@ bool cpu_has_avx512bf16();
 // has AMX-TILE and AMX-BF16 and the kernel granted this process the tile state.
 bool use_amx();
 bool cpu_has_amx();
+// AMX-INT8 too (the batched decode GEMV on quantized weights).
+bool cpu_has_amx_int8();
 
 // Hand-written AVX-512 BF16 / VNNI matmul (kernels_avx512bf16.cc) of matrices sharing x (all
 // of x's K columns, K > 0; one or more): x is rounded (or quantized) once; at T == 1 one
