@@ -363,6 +363,42 @@ TEST(CpuKernels, AttentionPrefillAndDecodeMatchOracle) {
   });
 }
 
+// A batched decode step attends each sequence's row over its own cache in one call: every
+// row must be attention() of that row alone, bit for bit (short contexts: one key chunk;
+// long ones: keys split in chunks and merged).
+TEST(CpuKernels, AttentionRowsAreEachRowAloneBitForBit) {
+  ThreadPool pool(2);
+  const int64_t n_heads = 8, n_kv = 2, hd = 64, kv_dim = n_kv * hd, layers = 2;
+  const float scale = 0.125f;
+  const std::vector<int64_t> positions = {0, 40, 300, 1000, 7};
+  std::vector<std::unique_ptr<cpu::KvCache>> caches;
+  std::vector<std::vector<float>> qs;
+  for (size_t i = 0; i < positions.size(); ++i) {
+    const int64_t ctx = positions[i] + 1;
+    caches.push_back(std::make_unique<cpu::KvCache>(layers, kv_dim));
+    const auto k = randn(size_t(ctx * kv_dim), uint32_t(10 + i), 1.5f);
+    const auto v = randn(size_t(ctx * kv_dim), uint32_t(20 + i));
+    caches.back()->write(1, 0, k.data(), v.data(), ctx);
+    qs.push_back(randn(size_t(n_heads * hd), uint32_t(30 + i), 1.5f));
+  }
+  for_each_isa([&](const std::string& isa) {
+    SCOPED_TRACE(isa);
+    std::vector<std::vector<float>> got(positions.size(), std::vector<float>(size_t(n_heads * hd)));
+    std::vector<cpu::AttentionRow> rows;
+    for (size_t i = 0; i < positions.size(); ++i) rows.push_back({qs[i].data(), caches[i].get(), positions[i], got[i].data()});
+    cpu::attention_rows(rows, 1, n_heads, n_kv, hd, scale, pool);
+    for (size_t i = 0; i < positions.size(); ++i) {
+      std::vector<float> alone(size_t(n_heads * hd));
+      cpu::attention(qs[i].data(), 1, positions[i], *caches[i], 1, n_heads, n_kv, hd, scale, alone.data(), pool);
+      for (size_t j = 0; j < alone.size(); ++j) ASSERT_EQ(got[i][j], alone[j]) << "row " << i << " value " << j;
+    }
+  });
+  // A row past its cache's positions is refused.
+  std::vector<float> out(size_t(n_heads * hd));
+  const cpu::AttentionRow bad[] = {{qs[0].data(), caches[0].get(), 5, out.data()}};
+  EXPECT_THROW(cpu::attention_rows(bad, 1, n_heads, n_kv, hd, scale, pool), Error);
+}
+
 TEST(CpuKernels, AttentionRejectsMissingPositions) {
   ThreadPool pool(2);
   cpu::KvCache cache(1, 16);

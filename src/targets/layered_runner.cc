@@ -349,12 +349,25 @@ void LayeredRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& pro
     emit(ProbeLevel::All, "k", k, KV);
     emit(ProbeLevel::All, "v", v, KV);
     attend_rows(0, T);
-  } else {
+  } else if (by_oracle(Stage::Attention) || interceptor_ || tap_) {
     for (int64_t r = 0; r < T; ++r) {  // each row on its own sequence's positions and cache
       select_sequence(batch_[size_t(r)]);
       rope_rows(r, 1);
       attend_rows(r, 1);
     }
+  } else {
+    // Nothing wraps the attention stage: every row's attention in one kernel call.
+    batch_attention_.clear();
+    for (int64_t r = 0; r < T; ++r) {
+      select_sequence(batch_[size_t(r)]);
+      rope_rows(r, 1);
+      const int64_t rel = position_ - base_;
+      count(Stage::KvWrite);
+      op_kv_write(l, rel, k + r * KV, v + r * KV, 1);
+      count(Stage::Attention);
+      batch_attention_.push_back({batch_[size_t(r)], rel, q + r * Q, attn + r * Q});
+    }
+    kernel_attention_rows(l, batch_attention_);
   }
   emit(ProbeLevel::All, "attn", attn, Q);
 
@@ -390,6 +403,13 @@ void LayeredRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& pro
     op_add(Stage::MlpResidual, h + r * H, down + r * H, n);
   });
   emit(ProbeLevel::Layers, "out", h, H);
+}
+
+void LayeredRunner::kernel_attention_rows(int64_t l, std::span<const AttentionRowJob> rows) {
+  for (const AttentionRowJob& a : rows) {
+    select_sequence(a.seq);
+    kernel_attention(l, a.q, 1, a.rel, a.out);
+  }
 }
 
 void LayeredRunner::grow_buffers(int64_t T) {

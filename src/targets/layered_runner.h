@@ -111,6 +111,16 @@ class LayeredRunner : public StagedRunner {
     kv_store(layer, rel, k, v, T);
   }
   virtual void kernel_attention(int64_t layer, const float* q, int64_t T, int64_t rel, float* out) = 0;
+  // A batched decode step's attention, one row per sequence (when no oracle swap, interceptor
+  // or tap wraps the stage): by default kernel_attention row by row; a target may run them
+  // in one call, each row's numbers its own.
+  struct AttentionRowJob {
+    int seq;
+    int64_t rel;
+    const float* q;
+    float* out;
+  };
+  virtual void kernel_attention_rows(int64_t layer, std::span<const AttentionRowJob> rows);
   virtual void kernel_silu_mul(const float* gate, const float* up, int64_t T, float* out) = 0;
   virtual void kernel_add(Stage which, float* acc, const float* x, int64_t T) = 0;
   // The KV caches the target can hold (1: the one it always has) and the choice of the one
@@ -161,6 +171,7 @@ class LayeredRunner : public StagedRunner {
   std::vector<SequencePositions> seqs_ = std::vector<SequencePositions>(1);  // the others' (selected_'s stale)
   int selected_ = 0;
   std::span<const int> batch_;  // inside decode_batch: the sequence of each row
+  std::vector<AttentionRowJob> batch_attention_;  // a batched step's attention rows (reused)
   std::array<int64_t, kStageCount> target_calls_{}, oracle_calls_{};
   std::array<double, kStageCount> stage_seconds_{};
   Stage current_ = Stage::Count;

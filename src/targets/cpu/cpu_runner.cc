@@ -375,6 +375,15 @@ void CpuRunner::kv_store(int64_t l, int64_t rel, const float* k, const float* v,
   cache_->write(l, rel, k, v, T);
 }
 
+void CpuRunner::kernel_attention_rows(int64_t l, std::span<const AttentionRowJob> rows) {
+  const ModelSpec& s = spec();
+  std::vector<cpu::AttentionRow> jobs;
+  jobs.reserve(rows.size());
+  for (const AttentionRowJob& a : rows)  // each row's sequence was selected (its cache made) before
+    jobs.push_back({a.q, caches_.at(size_t(a.seq)).get(), a.rel, a.out});
+  cpu::attention_rows(jobs, l, s.n_heads, s.n_kv_heads, s.head_dim, float(s.attn_scale()), *pool_);
+}
+
 void CpuRunner::kernel_attention(int64_t l, const float* q, int64_t T, int64_t rel, float* out) {
   const ModelSpec& s = spec();
   cpu::attention(q, T, rel, *cache_, l, s.n_heads, s.n_kv_heads, s.head_dim, float(s.attn_scale()), out, *pool_);

@@ -85,6 +85,7 @@ class CpuRunner final : public LayeredRunner {
   void kernel_rope(int64_t layer, float* q, float* k, int64_t T, int64_t pos) override;
   void kv_store(int64_t layer, int64_t rel, const float* k, const float* v, int64_t T) override;
   void kernel_attention(int64_t layer, const float* q, int64_t T, int64_t rel, float* out) override;
+  void kernel_attention_rows(int64_t layer, std::span<const AttentionRowJob> rows) override;
   void kernel_silu_mul(const float* gate, const float* up, int64_t T, float* out) override;
   void kernel_add(Stage which, float* acc, const float* x, int64_t T) override;
   int oracle_threads() const override { return threads(); }

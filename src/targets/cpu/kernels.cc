@@ -341,6 +341,38 @@ void KvCache::read_v(int64_t layer, int64_t pos, float* out) const {
 }
 
 // ---------------------------------------------------------------- attention
+namespace {
+// Decode attention splits each (query row, kv head)'s keys into `count` chunks of `length`
+// (whole key tiles) when there are too few such jobs to keep the threads busy.
+struct KeyChunks {
+  int64_t count, length;
+};
+KeyChunks key_chunks(int64_t rows_jobs, int64_t ctx, const ThreadPool& pool) {
+  const int64_t want = 4 * int64_t(pool.size());
+  int64_t C = 1;
+  if (rows_jobs < want) C = std::clamp<int64_t>((want + rows_jobs - 1) / rows_jobs, 1, std::max<int64_t>(1, ctx / 128));
+  return {C, ((ctx + C - 1) / C + kKTile - 1) / kKTile * kKTile};
+}
+
+// One head's output from its C chunks' partial softmaxes (p: C entries of part_stride: max,
+// sum of exp, unnormalized output).
+void merge_key_chunks(const float* p, int64_t C, int64_t part_stride, int64_t hd, float* o) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t c = 0; c < C; ++c) mx = std::max(mx, p[c * part_stride]);
+  std::fill(o, o + hd, 0.0f);
+  float lsum = 0;
+  for (int64_t c = 0; c < C; ++c) {
+    const float* pc = p + c * part_stride;
+    if (pc[1] <= 0) continue;
+    const float f = std::exp(pc[0] - mx);
+    lsum += pc[1] * f;
+    for (int64_t d = 0; d < hd; ++d) o[d] += pc[2 + d] * f;
+  }
+  const float inv = lsum > 0 ? 1.0f / lsum : 0.0f;
+  for (int64_t d = 0; d < hd; ++d) o[d] *= inv;
+}
+}  // namespace
+
 void attention(const float* q, int64_t T, int64_t pos0, const KvCache& cache, int64_t layer, int64_t n_heads,
                int64_t n_kv_heads, int64_t head_dim, float scale, float* out, ThreadPool& pool) {
   if (T <= 0) return;
@@ -398,10 +430,8 @@ void attention(const float* q, int64_t T, int64_t pos0, const KvCache& cache, in
   // Split the keys into C chunks when there are too few (query row, kv head) jobs to keep
   // the threads busy (decode); the chunks' partial softmaxes are merged afterwards.
   const int64_t rows_jobs = T * n_kv_heads;
-  const int64_t want = 4 * int64_t(pool.size());
-  int64_t C = 1;
-  if (rows_jobs < want) C = std::clamp<int64_t>((want + rows_jobs - 1) / rows_jobs, 1, std::max<int64_t>(1, ctx / 128));
-  const int64_t clen = ((ctx + C - 1) / C + kKTile - 1) / kKTile * kKTile;  // whole key tiles
+  const KeyChunks kc = key_chunks(rows_jobs, ctx, pool);
+  const int64_t C = kc.count, clen = kc.length;
   const int64_t jobs = rows_jobs * C;
 
   thread_local std::vector<float> part_buf;
@@ -442,26 +472,76 @@ void attention(const float* q, int64_t T, int64_t pos0, const KvCache& cache, in
   };
   pool.parallel_for(jobs, job_fn, jobs >= 4 * pool.size() ? 1 : 0);
 
-  if (C > 1) {
+  if (C > 1)
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < n_heads; ++h) {
-        const float* p = part + (t * n_heads + h) * C * part_stride;
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t c = 0; c < C; ++c) mx = std::max(mx, p[c * part_stride]);
-        float* o = out + t * q_row + h * hd;
-        std::fill(o, o + hd, 0.0f);
-        float lsum = 0;
-        for (int64_t c = 0; c < C; ++c) {
-          const float* pc = p + c * part_stride;
-          if (pc[1] <= 0) continue;
-          const float f = std::exp(pc[0] - mx);
-          lsum += pc[1] * f;
-          for (int64_t d = 0; d < hd; ++d) o[d] += pc[2 + d] * f;
-        }
-        const float inv = lsum > 0 ? 1.0f / lsum : 0.0f;
-        for (int64_t d = 0; d < hd; ++d) o[d] *= inv;
-      }
+      for (int64_t h = 0; h < n_heads; ++h)
+        merge_key_chunks(part + (t * n_heads + h) * C * part_stride, C, part_stride, hd, out + t * q_row + h * hd);
+}
+
+void attention_rows(std::span<const AttentionRow> rows, int64_t layer, int64_t n_heads, int64_t n_kv_heads,
+                    int64_t head_dim, float scale, ThreadPool& pool) {
+  if (rows.empty()) return;
+  if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
+    fail("attention: {} heads are not a multiple of {} kv heads", n_heads, n_kv_heads);
+  const int64_t group = n_heads / n_kv_heads, hd = head_dim, part_stride = hd + 2;
+  // Per row: its cache layer and its key chunks, as attention() of that row alone (T = 1).
+  struct Row {
+    const KvCache::Storage::Layer* L;
+    int64_t kv_dim, n_keys, C, clen, first_job, part;
+  };
+  std::vector<Row> rs(rows.size());
+  int64_t jobs = 0, parts = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const AttentionRow& a = rows[i];
+    if (n_kv_heads * hd != a.cache->kv_dim())
+      fail("attention: kv heads x head_dim = {} but the cache holds rows of {}", n_kv_heads * hd, a.cache->kv_dim());
+    if (layer < 0 || layer >= a.cache->n_layers()) fail("attention: layer {} out of range", layer);
+    const KvCache::Storage::Layer& L = a.cache->storage().layers[size_t(layer)];
+    if (a.pos < 0 || a.pos + 1 > L.length)
+      fail("attention: positions up to {} needed, the cache holds {}", a.pos + 1, L.length);
+    const KeyChunks kc = key_chunks(n_kv_heads, a.pos + 1, pool);
+    rs[i] = {&L, a.cache->kv_dim(), a.pos + 1, kc.count, kc.length, jobs, parts};
+    jobs += n_kv_heads * kc.count;
+    if (kc.count > 1) parts += n_heads * kc.count * part_stride;
   }
+  thread_local std::vector<float> part_buf;
+  if (part_buf.size() < size_t(parts)) part_buf.resize(size_t(parts));
+  float* part = part_buf.data();
+  pool.parallel_for(jobs, [&](int64_t b, int64_t e) {
+    thread_local std::vector<float> ml, ob;
+    if (ml.size() < size_t(2 * group)) ml.resize(size_t(2 * group));
+    if (ob.size() < size_t(group * hd)) ob.resize(size_t(group * hd));
+    size_t i = 0;
+    for (int64_t job = b; job < e; ++job) {
+      while (i + 1 < rs.size() && job >= rs[i + 1].first_job) ++i;
+      while (job < rs[i].first_job) --i;
+      const Row& R = rs[i];
+      const int64_t r = job - R.first_job, kvh = r / R.C, c = r % R.C;
+      const int64_t j0 = std::min(R.n_keys, c * R.clen), j1 = std::min(R.n_keys, (c + 1) * R.clen);
+      float* m = ml.data();
+      float* l = m + group;
+      attn_chunk_hwy(rows[i].q + kvh * group * hd, hd, int(group), R.L->k, kvh * hd, R.L->v + kvh * hd, R.kv_dim, hd,
+                     j0, j1, scale, m, l, ob.data());
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t h = kvh * group + g;
+        if (R.C == 1) {
+          float* o = rows[i].out + h * hd;
+          const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;
+          for (int64_t d = 0; d < hd; ++d) o[d] = ob[size_t(g * hd + d)] * inv;
+        } else {
+          float* p = part + R.part + (h * R.C + c) * part_stride;
+          p[0] = m[g];
+          p[1] = l[g];
+          std::memcpy(p + 2, ob.data() + g * hd, size_t(hd) * 4);
+        }
+      }
+    }
+  }, jobs >= 4 * pool.size() ? 1 : 0);
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rs[i].C > 1)
+      for (int64_t h = 0; h < n_heads; ++h)
+        merge_key_chunks(part + rs[i].part + h * rs[i].C * part_stride, rs[i].C, part_stride, hd,
+                         rows[i].out + h * hd);
 }
 
 }  // namespace tessera::cpu

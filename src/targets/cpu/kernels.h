@@ -150,4 +150,16 @@ class KvCache {
 void attention(const float* q, int64_t T, int64_t pos0, const KvCache& cache, int64_t layer, int64_t n_heads,
                int64_t n_kv_heads, int64_t head_dim, float scale, float* out, ThreadPool& pool);
 
+// Decode attention of one query row from each of several sequences (a batched decode step):
+// row i's q at position pos over its own cache, out [n_heads * head_dim]. One parallel
+// region for all rows; each row's output is attention()'s for that row alone, bit for bit.
+struct AttentionRow {
+  const float* q;
+  const KvCache* cache;
+  int64_t pos;
+  float* out;
+};
+void attention_rows(std::span<const AttentionRow> rows, int64_t layer, int64_t n_heads, int64_t n_kv_heads,
+                    int64_t head_dim, float scale, ThreadPool& pool);
+
 }  // namespace tessera::cpu
