@@ -105,6 +105,16 @@ class Page:
                                                                            "completion-tokens"]}) if s else ("", {})
 
 
+servers = []  # every server started, stopped at the end whatever happened
+
+
+def start(model_args, extra=()):
+    s = Server(model_args, extra)
+    servers.append(s)
+    s.wait_ready()
+    return s
+
+
 def get_page(port):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     c.request("GET", "/")
@@ -122,8 +132,7 @@ def api_answer(server, messages, n):
 
 
 def test_tiny(model):
-    s = Server([model], ["--parallel", "2", "--ctx-size", "512", "--api-key", KEY])
-    s.wait_ready()
+    s = start([model], ["--parallel", "2", "--ctx-size", "512", "--api-key", KEY])
     status, ctype, csp, page = get_page(s.port)
     check(status == 200 and ctype.startswith("text/html"), f"GET / without the key: 200 text/html ({status} {ctype})")
     external = re.findall(r"""https?://|(?:src|href)\s*=\s*["']?\s*//|@import|url\(""", page)
@@ -191,8 +200,7 @@ def metric(server, name):
 
 
 def test_default_model():
-    s = Server([], ["--parallel", "1"])
-    s.wait_ready()
+    s = start([], ["--parallel", "1"])
     d = browser()
     try:
         p = Page(d, s.port)
@@ -235,8 +243,7 @@ def test_default_model():
 
 
 def screenshot(path):
-    s = Server([], ["--parallel", "1"])
-    s.wait_ready()
+    s = start([], ["--parallel", "1"])
     d = browser(1000, 700)
     try:
         p = Page(d, s.port)
@@ -256,11 +263,20 @@ if __name__ == "__main__":
     if "--screenshot" in sys.argv:
         screenshot(sys.argv[sys.argv.index("--screenshot") + 1])
         sys.exit(0)
-    test_tiny(e2e.tiny_model())
+    parts = [("tiny model", lambda: test_tiny(e2e.tiny_model()))]
     if os.environ.get("TESSERA_SERVE_E2E_TINY_ONLY"):
         print("default model (its answer, Stop): not run here (TESSERA_SERVE_E2E_TINY_ONLY: the sanitizer build)")
     else:
-        test_default_model()
+        parts.append(("default model", test_default_model))
+    for name, part in parts:
+        try:
+            part()
+        except Exception as e:  # a wait that timed out, a refused request: that part fails, the rest runs
+            check(False, f"{name}: {type(e).__name__}: {e}")
+        finally:
+            for s in servers:
+                if s.proc.poll() is None:
+                    s.proc.kill()
     print(f"chat page e2e: {time.time() - t:.1f} s, {len(failures)} failure(s)")
     for f in failures:
         print("  FAILED:", f)
