@@ -1,8 +1,10 @@
 // `tessera serve` without HTTP: request parsing and validation, response rendering, the
 // stop-string holdback, the sampler's penalties and logprobs, and the scheduler on a tiny
 // model (greedy equals Generator's, prefix reuse, the queue bound, slots sharing weights).
-// The HTTP server with real clients: tests/serve_e2e.py (ctest ServeE2E).
+// The HTTP server with real clients: tests/serve_e2e.py (ctest ServeE2E), its chat page in
+// a browser: tests/chat_page_test.py (ctest ChatPageE2E); here, only that / serves the page.
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <chrono>
 #include <cmath>
@@ -11,6 +13,7 @@
 #include "io/weights.h"
 #include "runtime/generate.h"
 #include "runtime/sampler.h"
+#include "serve/http_server.h"
 #include "serve/openai_api.h"
 #include "serve/scheduler.h"
 #include "targets/cpu/cpu_runner.h"
@@ -444,6 +447,31 @@ TEST(ServeScheduler, RefusesWhatCannotRun) {
   const Job::Output f = Served::collect(fill).second;
   EXPECT_EQ(f.finish_reason, "length");
   EXPECT_EQ(f.usage.completion_tokens, 254);
+}
+
+// GET / is the embedded chat page, as HTML, without the API key (which guards /v1/ only) and
+// while the model is still loading (no backend attached).
+TEST(ServeHttp, ServesTheChatPageAtTheRoot) {
+  ASSERT_GT(chat_page().size(), 1000u);
+  EXPECT_NE(chat_page().find("<title>tessera chat</title>"), std::string_view::npos);
+  HttpOptions o;
+  o.port = 0;
+  o.api_key = "sk-page-test";
+  Metrics metrics;
+  HttpServer server(o, metrics);
+  server.bind();
+  std::thread listener([&] { server.listen(); });
+  httplib::Client client("127.0.0.1", server.bound_port());
+  auto page = client.Get("/");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_EQ(page->body, chat_page());
+  auto api = client.Get("/v1/models");
+  ASSERT_TRUE(api);
+  EXPECT_EQ(api->status, 401);
+  server.stop();
+  listener.join();
 }
 
 }  // namespace

@@ -125,7 +125,7 @@ void add_serve_command(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand(
       "serve", "An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health, "
-               "/metrics) over a model on the cpu target or a cpu deployment's frozen plan");
+               "/metrics, and a chat page at /) over a model on the cpu target or a cpu deployment's frozen plan");
   cmd->add_option("model", a->model,
                   "A cpu deployment directory (serves its frozen plan; refused before phase 6 passed), or a Hugging "
                   "Face directory or .gguf file (default: SmolLM2-135M-Instruct)");

@@ -30,12 +30,20 @@ std::string request_id(const char* prefix) {
 
 // The label /metrics counts a path under (unknown paths together, so clients cannot grow it).
 std::string endpoint_label(const std::string& path) {
-  for (const char* known : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"})
+  for (const char* known : {"/", "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"})
     if (path == known) return known;
   return "other";
 }
 
 }  // namespace
+
+std::string_view chat_page() {
+  // chat_page.inc is src/serve/chat_page.html as a raw string literal, made by CMakeLists.txt.
+  static constexpr std::string_view page =
+#include "chat_page.inc"
+      ;
+  return page;
+}
 
 HttpServer::HttpServer(HttpOptions options, Metrics& metrics)
     : options_(std::move(options)), metrics_(metrics), server_(std::make_unique<httplib::Server>()),
@@ -130,6 +138,15 @@ void HttpServer::routes() {
     metrics_.request(endpoint_label(req.path), res.status);
   });
 
+  // The chat page: no API key asked for the page itself (the key guards /v1/ only; the page
+  // sends the one its user gives), and served while the model loads. The policy keeps it
+  // self-contained: nothing is loaded from, nor sent to, another origin.
+  s.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Content-Security-Policy",
+                   "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+                   "base-uri 'none'; form-action 'none'");
+    res.set_content(std::string(chat_page()), "text/html; charset=utf-8");
+  });
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (backend_.load()) {
       res.set_content(R"({"status":"ok"})", kJson);

@@ -1,5 +1,5 @@
-// `tessera serve`'s HTTP side (cpp-httplib): the OpenAI routes, /health, /metrics, the API
-// key, the body limit, OpenAI-shaped errors for every failure status. It listens before the
+// `tessera serve`'s HTTP side (cpp-httplib): the OpenAI routes, /health, /metrics, the chat
+// page at / (src/serve/chat_page.html, embedded at build time), the API key, the body limit, OpenAI-shaped errors for every failure status. It listens before the
 // model is loaded (/health says "loading", the API 503) and serves once attach() gives it
 // the scheduler. Every request is parsed by openai_api and run by the scheduler; a bad
 // request is answered and forgotten.
@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "serve/metrics.h"
 #include "serve/scheduler.h"
@@ -30,6 +31,9 @@ struct HttpOptions {
   size_t max_body_bytes = 8u << 20;
   int threads = 8;               // connections served at once (streams hold one each)
 };
+
+// The chat page GET / answers with (src/serve/chat_page.html as built into the binary).
+std::string_view chat_page();
 
 // What the server needs once the model is loaded.
 struct Backend {
