@@ -9,8 +9,8 @@ Both servers load the same GGUF file with the same threads and N slots (tessera
 --parallel N; llama-server --parallel N, continuous batching on, N times the per-slot
 context). Each round sends the same load to one server, then the other: N client threads,
 each sending R streamed /v1/completions requests one after another (temperature 0,
-ignore_eos, M tokens; every request its own slice of a text that ships with Debian, so no
-request reuses another's prefix). Per server and round: generated tokens per second of
+ignore_eos, M tokens; every request of every round its own slice of a text that ships with
+Debian, so no request reuses another's prefix, not even one from an earlier round). Per server and round: generated tokens per second of
 wall time over all streams, time to first token (median, p90) and inter-token latency (median, p99,
 from the SSE chunks' arrival). The table gives each side's median over the rounds and the
 per-round ratios tessera / llama.cpp (> 1: tessera ahead; latencies: llama.cpp / tessera).
@@ -148,9 +148,13 @@ def main():
                                  capture_output=True, text=True).stdout.strip().splitlines()[-1]
         llama = os.path.join(bin_dir, "llama-server")
     text = open(TEXT, encoding="utf-8").read()
+    # Every request of every round (and the warm-up) its own slice: a server that keeps past
+    # prompts' caches (llama-server does) must not answer a later round from them.
     n_prompts = a.streams * a.requests
-    step = max(1, (len(text) - a.prompt_chars) // max(1, n_prompts))
-    prompts = [text[i * step:i * step + a.prompt_chars] for i in range(n_prompts)]
+    total = n_prompts * a.rounds + 1
+    step = max(1, (len(text) - a.prompt_chars) // total)
+    slices = [text[i * step:i * step + a.prompt_chars] for i in range(total)]
+    warm_up = slices[-1:]
     per_slot_ctx = 2048
 
     tp, lp = free_port(), free_port()
@@ -170,9 +174,10 @@ def main():
         say(f"{os.path.basename(a.model)}: {a.streams} streams x {a.requests} requests, {a.max_tokens} tokens each, "
             f"{a.threads} threads, {a.rounds} rounds")
         for name in servers:  # warm-up: first touches of the weights are not serving speed
-            run_load(ports[name], prompts[:1], 1, 1, 8)
+            run_load(ports[name], warm_up, 1, 1, 8)
         rounds = {"tessera": [], "llama.cpp": []}
         for r in range(a.rounds):
+            prompts = slices[r * n_prompts:(r + 1) * n_prompts]  # the same load for both servers
             for name in ("llama.cpp", "tessera"):
                 res = run_load(ports[name], prompts, a.streams, a.requests, a.max_tokens)
                 if res["errors"]:
