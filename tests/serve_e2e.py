@@ -5,11 +5,15 @@ curl against running servers (a tiny synthetic model, and the default model once
 Usage: serve_e2e.py TESSERA_BINARY   (tests/serve_e2e.sh makes the venv and runs it; ctest ServeE2E)
 
 Checks: non-streamed and streamed chat and completions equal to `tessera run` (greedy),
-4 concurrent requests each equal to its solo answer, stop strings (nothing of them leaks
-into a stream), logprobs, every error status (400 malformed / wrong types / empty messages /
-invalid UTF-8 / prompt beyond the context, 401, 404, 413 incl. a 100 MB body, 429, 503
-while loading), a client that disconnects mid-stream (slot freed, the others unaffected),
-/metrics and /health; the servers stay up throughout and stop cleanly on SIGTERM.
+4 concurrent requests each equal to its solo answer, `--parallel 8` with 8 at once (streamed
+and not, prompts and lengths differ) each equal to `tessera run --chat` (tiny and default
+model), stop strings (nothing of them leaks into a stream), logprobs, every error status
+(400 malformed / wrong types / empty messages / invalid UTF-8 / prompt beyond the context,
+401, 404, 413 incl. a 100 MB body, 429, 503 while loading), a client that disconnects
+mid-stream (slot freed, the others unaffected), a slowly read stream (the others keep their
+speed), a stream never read (cancelled at the write timeout), a non-streamed request whose
+client hangs up (cancelled, slot freed, 499), /metrics and /health; the servers stay up
+throughout and stop cleanly on SIGTERM.
 """
 import concurrent.futures as cf
 import http.client
