@@ -42,12 +42,13 @@ std::string endpoint_label(const std::string& path) {
   return "other";
 }
 
-// cpp-httplib 0.11.4 (Debian's) tells a handler nothing of its connection: no socket, and
-// no Request::is_connection_closed (later versions). A non-streamed answer is written only
-// once it is complete, so without a look at the socket a client that hangs up keeps its slot
-// generating to the end. The request names its connection (both ends' addresses and ports,
-// which httplib read with getpeername/getsockname and getnameinfo), so the socket is the
-// descriptor of this process with those two ends; -1 when none is found (no /proc).
+// cpp-httplib 0.11.4 (Debian's) tells a handler nothing of its connection: no socket, and no
+// Request::is_connection_closed (later versions; asked for upstream in issue #2017, 2025). A
+// non-streamed answer is written only once it is complete, so without a look at the socket a
+// client that hangs up keeps its slot generating to the end. The request names its connection
+// (both ends' addresses and ports, which httplib read with getpeername/getsockname and
+// getnameinfo), so the socket is the descriptor of this process with those two ends; -1 when
+// none is found (no /proc).
 std::string numeric_host(const sockaddr_storage& a, socklen_t n, int& port) {
   char host[NI_MAXHOST];
   char serv[NI_MAXSERV];
@@ -258,7 +259,8 @@ void HttpServer::routes() {
         std::string text;
         std::vector<TokenOut> tokens;
         Job::Output o;
-        // Looked for once the answer takes longer than a first wait (most short ones do not).
+        // The connection's socket, looked for once (at the first output that is not the end)
+        // and asked at each new output and every 200 ms meanwhile whether the client is there.
         std::optional<int> sock;
         do {
           o = job->take(std::chrono::milliseconds(200));
