@@ -3,8 +3,15 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include <dirent.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <thread>
 
@@ -33,6 +40,57 @@ std::string endpoint_label(const std::string& path) {
   for (const char* known : {"/", "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"})
     if (path == known) return known;
   return "other";
+}
+
+// cpp-httplib 0.11.4 (Debian's) tells a handler nothing of its connection: no socket, and no
+// Request::is_connection_closed (later versions; asked for upstream in issue #2017, 2025). A
+// non-streamed answer is written only once it is complete, so without a look at the socket a
+// client that hangs up keeps its slot generating to the end. The request names its connection
+// (both ends' addresses and ports, which httplib read with getpeername/getsockname and
+// getnameinfo), so the socket is the descriptor of this process with those two ends; -1 when
+// none is found (no /proc).
+std::string numeric_host(const sockaddr_storage& a, socklen_t n, int& port) {
+  char host[NI_MAXHOST];
+  char serv[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), n, host, sizeof host, serv, sizeof serv,
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return "";
+  port = std::atoi(serv);
+  return host;
+}
+
+int connection_socket(const httplib::Request& req) {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int found = -1;
+  while (const dirent* e = readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const int fd = std::atoi(e->d_name);
+    sockaddr_storage peer{}, local{};
+    socklen_t pn = sizeof peer, ln = sizeof local;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pn) != 0) continue;  // not a connected socket
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ln) != 0) continue;
+    int peer_port = -1, local_port = -1;
+    if (numeric_host(peer, pn, peer_port) != req.remote_addr || peer_port != req.remote_port) continue;
+    if (req.local_port >= 0 && (numeric_host(local, ln, local_port) != req.local_addr || local_port != req.local_port))
+      continue;
+    found = fd;
+    break;
+  }
+  closedir(d);
+  return found;
+}
+
+// Whether the client closed (or reset) the connection: it is readable and a peek reads
+// nothing or fails, as later cpp-httplib's is_connection_closed decides. Bytes waiting (a
+// pipelined request) mean it is still there. The handler's thread owns the socket until
+// the handler returns, so the descriptor cannot be another connection's meanwhile.
+bool client_gone(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  char c;
+  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 }  // namespace
@@ -201,11 +259,20 @@ void HttpServer::routes() {
         std::string text;
         std::vector<TokenOut> tokens;
         Job::Output o;
+        // The connection's socket, looked for once (at the first output that is not the end)
+        // and asked at each new output and every 200 ms meanwhile whether the client is there.
+        std::optional<int> sock;
         do {
-          o = job->take(std::chrono::seconds(1));
+          o = job->take(std::chrono::milliseconds(200));
           text += o.text;
           tokens.insert(tokens.end(), o.tokens.begin(), o.tokens.end());
-        } while (!o.done);
+          if (o.done) break;
+          if (!sock) sock = connection_socket(req);
+          if (*sock >= 0 && client_gone(*sock)) {
+            job->cancel();  // the scheduler frees the slot at its next step
+            throw ApiError(499, "the client closed the connection", "invalid_request_error", "", "client_closed");
+          }
+        } while (true);
         if (o.finish_reason == "error") throw ApiError(500, o.error, "server_error");
         const std::vector<TokenOut>* lp = params.logprobs ? &tokens : nullptr;
         json j = ep == Endpoint::Chat ? chat_response(id, created, model, text, o.finish_reason, o.usage, lp)
