@@ -637,6 +637,15 @@ TS_BF16_INLINE void finish_block(const uint8_t* tile, __m512 d, __m512 blk, __m5
   }
 }
 
+// Tile group g's 16 outputs of one activation row (masked at the matrix's last row N).
+TS_BF16_INLINE void store_group(__m512 acc0, __m512 acc1, const float* bias, float* y, int64_t g, int64_t N) {
+  const int64_t n = g * kTileRows, rows = std::min<int64_t>(kTileRows, N - n);
+  const __mmask16 m = rows == 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
+  __m512 out = _mm512_add_ps(acc0, acc1);
+  if (bias) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(m, bias + n));
+  _mm512_mask_storeu_ps(y + n, m, out);
+}
+
 // y[r][16 g + i] for R activation rows x[r] and tile group g (16 weight rows), masked at the
 // matrix's last row. Each row's sums are the same instructions in the same order whatever R
 // is, so a batched decode step computes what R single steps compute, bit for bit; the tiles'
@@ -708,13 +717,7 @@ TS_BF16 void gemv_x16_group(const Q8Row* const* x, const uint8_t* tiles, int64_t
     }
     for (int r = 0; r < R; ++r) finish_block<kType>(tile, d, blk[r], blk_min[r], acc0[r], acc1[r]);
   }
-  const int64_t n = g * kTileRows, rows = std::min<int64_t>(kTileRows, N - n);
-  const __mmask16 m = rows == 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
-  for (int r = 0; r < R; ++r) {
-    __m512 out = _mm512_add_ps(acc0[r], acc1[r]);
-    if (bias) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(m, bias + n));
-    _mm512_mask_storeu_ps(y[r] + n, m, out);
-  }
+  for (int r = 0; r < R; ++r) store_group(acc0[r], acc1[r], bias, y[r], g, N);
 }
 
 // ---- The batched decode GEMV on AMX tiles (AMX-INT8). A chunk's 16 weight rows x 32 values
@@ -850,13 +853,7 @@ TS_AMX_INT8 void gemv_x16_group_amx(const Q8Row* const* x, const int8_t* a, cons
     if (k + 1 < rounds) dot_round(k + 1);
     scale_round(k);
   }
-  const int64_t n = g * kTileRows, rows = std::min<int64_t>(kTileRows, N - n);
-  const __mmask16 m = rows == 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
-  for (int r = 0; r < R; ++r) {
-    __m512 out = _mm512_add_ps(acc0[r], acc1[r]);
-    if (bias) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(m, bias + n));
-    _mm512_mask_storeu_ps(y[r] + n, m, out);
-  }
+  for (int r = 0; r < R; ++r) store_group(acc0[r], acc1[r], bias, y[r], g, N);
 }
 
 // Groups [g0, g1) for `rows` (a multiple of kAmxGemvRows) activation rows, kAmxGemvRows at a
