@@ -727,9 +727,10 @@ TS_BF16 void gemv_x16_group(const Q8Row* const* x, const uint8_t* tiles, int64_t
 // integer dots at once, which the vector unit then scales exactly as the VNNI GEMV does
 // (finish_chunk). The integer dots are exact whatever their order, so each row is its
 // one-row GEMV's result bit for bit; the AMX unit takes the dot products off the vector
-// ports, which are what limits the VNNI GEMV once several rows share the weights.
-// Measured (tessera_kernel_bench --only bgemv, 2 threads, [2048 x 2048] out of cache): 8
-// rows of Q4_0 / Q4_K 228 / 234 us against VNNI's 265 / 263; 2 and 4 rows slower than VNNI.
+// ports. Measured (tessera_kernel_bench --only bgemv, 2 threads, [2048 x 2048] out of cache):
+// 8 rows of Q4_0 / Q4_K 234 / 228 us against VNNI's 266 / 271; 2 and 4 rows slower than
+// VNNI. The gain is small because what limits 8 rows is the per-row scaling in
+// finish_chunk, which both paths share, more than the dot products.
 constexpr int kAmxGemvRows = 8;  // activation rows per A tile (hi and lo: 16 tile rows)
 
 // A round is two tile products: two chunks, or Q6_K's two halves of one (a scale per 16
