@@ -334,10 +334,16 @@ void LayeredRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& pro
     count(Stage::Rope);
     op_rope(l, q + r * Q, k + r * KV, n, position_);
   };
-  auto attend_rows = [&](int64_t r, int64_t n) {
-    const int64_t rel = position_ - base_;  // the cache holds positions [base_, position_)
+  // Writes rows [r, r + n)'s k and v at the selected sequence's positions; returns where they
+  // went in its cache (which holds positions [base_, position_)).
+  auto write_kv_rows = [&](int64_t r, int64_t n) {
+    const int64_t rel = position_ - base_;
     count(Stage::KvWrite);
     op_kv_write(l, rel, k + r * KV, v + r * KV, n);
+    return rel;
+  };
+  auto attend_rows = [&](int64_t r, int64_t n) {
+    const int64_t rel = write_kv_rows(r, n);
     count(Stage::Attention);
     op_attention(l, q + r * Q, n, rel, attn + r * Q);
   };
@@ -361,9 +367,7 @@ void LayeredRunner::run_layer(int64_t l, float* h, int64_t T, const ProbeFn& pro
     for (int64_t r = 0; r < T; ++r) {
       select_sequence(batch_[size_t(r)]);
       rope_rows(r, 1);
-      const int64_t rel = position_ - base_;
-      count(Stage::KvWrite);
-      op_kv_write(l, rel, k + r * KV, v + r * KV, 1);
+      const int64_t rel = write_kv_rows(r, 1);
       count(Stage::Attention);
       batch_attention_.push_back({batch_[size_t(r)], rel, q + r * Q, attn + r * Q});
     }

@@ -371,6 +371,36 @@ void merge_key_chunks(const float* p, int64_t C, int64_t part_stride, int64_t hd
   const float inv = lsum > 0 ? 1.0f / lsum : 0.0f;
   for (int64_t d = 0; d < hd; ++d) o[d] *= inv;
 }
+
+// One decode job: kv head kvh's query heads of one query row (q: the row, n_heads x hd) over
+// key chunk c of C (keys [0, n_keys) in chunks of clen). C == 1: the normalized output goes to
+// out (the row); else the chunk's partial (max, sum of exp, unnormalized output) goes to
+// part (the row's parts: head h's chunk c at (h * C + c) * (hd + 2)) for merge_key_chunks.
+void attend_key_chunk(const float* q, float* out, float* part, const KvCache::Storage::Layer& L, int64_t kv_dim,
+                      int64_t kvh, int64_t c, int64_t C, int64_t clen, int64_t n_keys, int64_t group, int64_t hd,
+                      float scale) {
+  thread_local std::vector<float> ml, ob;
+  if (ml.size() < size_t(2 * group)) ml.resize(size_t(2 * group));
+  if (ob.size() < size_t(group * hd)) ob.resize(size_t(group * hd));
+  const int64_t j0 = std::min(n_keys, c * clen), j1 = std::min(n_keys, (c + 1) * clen);
+  float* m = ml.data();
+  float* l = m + group;
+  attn_chunk_hwy(q + kvh * group * hd, hd, int(group), L.k, kvh * hd, L.v + kvh * hd, kv_dim, hd, j0, j1, scale, m, l,
+                 ob.data());
+  for (int64_t g = 0; g < group; ++g) {
+    const int64_t h = kvh * group + g;
+    if (C == 1) {
+      float* o = out + h * hd;
+      const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;
+      for (int64_t d = 0; d < hd; ++d) o[d] = ob[size_t(g * hd + d)] * inv;
+    } else {
+      float* p = part + (h * C + c) * (hd + 2);
+      p[0] = m[g];
+      p[1] = l[g];
+      std::memcpy(p + 2, ob.data() + g * hd, size_t(hd) * 4);
+    }
+  }
+}
 }  // namespace
 
 void attention(const float* q, int64_t T, int64_t pos0, const KvCache& cache, int64_t layer, int64_t n_heads,
@@ -441,33 +471,12 @@ void attention(const float* q, int64_t T, int64_t pos0, const KvCache& cache, in
   float* part = part_buf.data();
 
   auto job_fn = [&](int64_t b, int64_t e) {
-    thread_local std::vector<float> ml, ob;
-    if (ml.size() < size_t(2 * group)) ml.resize(size_t(2 * group));
-    if (ob.size() < size_t(group * hd)) ob.resize(size_t(group * hd));
     for (int64_t job = b; job < e; ++job) {
       // Heaviest query rows (latest positions) first.
       const int64_t t = T - 1 - job / (n_kv_heads * C);
       const int64_t r = job % (n_kv_heads * C);
-      const int64_t kvh = r / C, c = r % C;
-      const int64_t n_keys = pos0 + t + 1;
-      const int64_t j0 = std::min(n_keys, c * clen), j1 = std::min(n_keys, (c + 1) * clen);
-      const float* qg = q + t * q_row + kvh * group * hd;
-      float* m = ml.data();
-      float* l = m + group;
-      attn_chunk_hwy(qg, hd, int(group), L.k, kvh * hd, L.v + kvh * hd, kv_dim, hd, j0, j1, scale, m, l, ob.data());
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t h = kvh * group + g;
-        if (C == 1) {
-          float* o = out + t * q_row + h * hd;
-          const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;
-          for (int64_t d = 0; d < hd; ++d) o[d] = ob[size_t(g * hd + d)] * inv;
-        } else {
-          float* p = part + ((t * n_heads + h) * C + c) * part_stride;
-          p[0] = m[g];
-          p[1] = l[g];
-          std::memcpy(p + 2, ob.data() + g * hd, size_t(hd) * 4);
-        }
-      }
+      attend_key_chunk(q + t * q_row, out + t * q_row, part + t * n_heads * C * part_stride, L, kv_dim, r / C, r % C, C,
+                       clen, pos0 + t + 1, group, hd, scale);
     }
   };
   pool.parallel_for(jobs, job_fn, jobs >= 4 * pool.size() ? 1 : 0);
@@ -508,33 +517,13 @@ void attention_rows(std::span<const AttentionRow> rows, int64_t layer, int64_t n
   if (part_buf.size() < size_t(parts)) part_buf.resize(size_t(parts));
   float* part = part_buf.data();
   pool.parallel_for(jobs, [&](int64_t b, int64_t e) {
-    thread_local std::vector<float> ml, ob;
-    if (ml.size() < size_t(2 * group)) ml.resize(size_t(2 * group));
-    if (ob.size() < size_t(group * hd)) ob.resize(size_t(group * hd));
-    size_t i = 0;
+    size_t i = 0;  // the row of job b; jobs are numbered row after row
     for (int64_t job = b; job < e; ++job) {
       while (i + 1 < rs.size() && job >= rs[i + 1].first_job) ++i;
-      while (job < rs[i].first_job) --i;
       const Row& R = rs[i];
-      const int64_t r = job - R.first_job, kvh = r / R.C, c = r % R.C;
-      const int64_t j0 = std::min(R.n_keys, c * R.clen), j1 = std::min(R.n_keys, (c + 1) * R.clen);
-      float* m = ml.data();
-      float* l = m + group;
-      attn_chunk_hwy(rows[i].q + kvh * group * hd, hd, int(group), R.L->k, kvh * hd, R.L->v + kvh * hd, R.kv_dim, hd,
-                     j0, j1, scale, m, l, ob.data());
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t h = kvh * group + g;
-        if (R.C == 1) {
-          float* o = rows[i].out + h * hd;
-          const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;
-          for (int64_t d = 0; d < hd; ++d) o[d] = ob[size_t(g * hd + d)] * inv;
-        } else {
-          float* p = part + R.part + (h * R.C + c) * part_stride;
-          p[0] = m[g];
-          p[1] = l[g];
-          std::memcpy(p + 2, ob.data() + g * hd, size_t(hd) * 4);
-        }
-      }
+      const int64_t r = job - R.first_job;
+      attend_key_chunk(rows[i].q, rows[i].out, part + R.part, *R.L, R.kv_dim, r / R.C, r % R.C, R.C, R.clen, R.n_keys,
+                       group, hd, scale);
     }
   }, jobs >= 4 * pool.size() ? 1 : 0);
   for (size_t i = 0; i < rows.size(); ++i)

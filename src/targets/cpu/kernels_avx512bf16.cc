@@ -771,6 +771,7 @@ TS_AMX_INT8 void amx_gemv_config(int R, int sub) {
 template <DType kType>
 TS_AMX_INT8 void gemv_x16_group_amx(const Q8Row* const* x, const int8_t* a, const uint8_t* tiles, int64_t N,
                                     int64_t K, const float* bias, float* const* y, int64_t g, bool prefetch) {
+  static_assert(kType != DType::Q8_0, "Q8_0 stays on the VNNI GEMV");
   constexpr int R = kAmxGemvRows;  // a constant: the accumulators stay in registers
   constexpr X16Layout L = x16_layout(kType);
   constexpr int kChunks = int(L.values / 32);
@@ -781,7 +782,7 @@ TS_AMX_INT8 void gemv_x16_group_amx(const Q8Row* const* x, const int8_t* a, cons
   const int64_t blocks = K / L.values, chunks = blocks * kChunks, rounds = (chunks + kRound - 1) / kRound;
   const __m512 lo_scale = _mm512_set1_ps(1.0f / Q8Row::kLoScale);
   const uint8_t* first_tile = tiles + g * blocks * L.bytes;
-  alignas(64) uint8_t unpacked[3][kRound][512];  // [round % 3][chunk]: value vectors (Q8_0's are stored so)
+  alignas(64) uint8_t unpacked[3][kRound][512];  // [round % 3][chunk]: the value vectors
   alignas(64) int32_t dots[2][2][16 * 16];       // [round parity][product][tile row][weight row]
   __m512 acc0[kAmxGemvRows], acc1[kAmxGemvRows], blk[kAmxGemvRows], blk_min[kAmxGemvRows];
   for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = blk[r] = blk_min[r] = _mm512_setzero_ps();
@@ -796,27 +797,25 @@ TS_AMX_INT8 void gemv_x16_group_amx(const Q8Row* const* x, const int8_t* a, cons
       if (prefetch && k * kRound + i < chunks)  // as gemv_x16_group
         for (int64_t line = j * kLines / kChunks; line < (j + 1) * kLines / kChunks; ++line)
           _mm_prefetch(reinterpret_cast<const char*>(tile) + kAhead + 64 * line, _MM_HINT_T1);
-      if constexpr (kType != DType::Q8_0)
-        for (int c = 0; c < 4; ++c) {
-          __m512i v0, v1;
-          value_vectors<kType>(tile, j, c, v0, v1);
-          _mm512_store_si512(unpacked[k % 3][i] + 128 * c, v0);
-          _mm512_store_si512(unpacked[k % 3][i] + 128 * c + 64, v1);
-        }
+      for (int c = 0; c < 4; ++c) {
+        __m512i v0, v1;
+        value_vectors<kType>(tile, j, c, v0, v1);
+        _mm512_store_si512(unpacked[k % 3][i] + 128 * c, v0);
+        _mm512_store_si512(unpacked[k % 3][i] + 128 * c + 64, v1);
+      }
     }
   };
   auto dot_round = [&](int64_t k) TS_AMX_INT8 {
-    const uint8_t* w[kRound];
-    for (int i = 0; i < kRound; ++i) w[i] = kType == DType::Q8_0 ? tile_of(chunk_of(k, i)) + L.qs : unpacked[k % 3][i];
     int32_t(*out)[256] = dots[k & 1];
     const int8_t* a0 = a + chunk_of(k, 0) * 32;
     const int8_t* a1 = kHalves ? a0 + 16 : a + chunk_of(k, 1) * 32;
-    const uint8_t* w1 = kHalves ? w[0] + 256 : w[kRound - 1];
+    const uint8_t* w0 = unpacked[k % 3][0];
+    const uint8_t* w1 = kHalves ? w0 + 256 : unpacked[k % 3][kRound - 1];
     if (k & 1) {
-      TS_AMX_PRODUCT(0, 2, 6, a0, K, w[0], out[0]);
+      TS_AMX_PRODUCT(0, 2, 6, a0, K, w0, out[0]);
       TS_AMX_PRODUCT(1, 3, 7, a1, K, w1, out[1]);
     } else {
-      TS_AMX_PRODUCT(0, 2, 4, a0, K, w[0], out[0]);
+      TS_AMX_PRODUCT(0, 2, 4, a0, K, w0, out[0]);
       TS_AMX_PRODUCT(1, 3, 5, a1, K, w1, out[1]);
     }
   };
@@ -876,8 +875,11 @@ TS_AMX_INT8 void gemv_x16_amx(const Q8Row* const* x, int rows, const int8_t* a, 
 template <DType kType>
 void gemv_x16(const Q8Row* const* x, int rows, const int8_t* a, const uint8_t* tiles, int64_t N, int64_t K,
               const float* bias, float* const* y, int64_t g0, int64_t g1) {
-  const int on_amx = a && kType != DType::Q8_0 ? rows / kAmxGemvRows * kAmxGemvRows : 0;
-  if (on_amx) gemv_x16_amx<kType>(x, on_amx, a, tiles, N, K, bias, y, g0, g1);
+  int on_amx = 0;
+  if constexpr (kType != DType::Q8_0) {
+    on_amx = a ? rows / kAmxGemvRows * kAmxGemvRows : 0;
+    if (on_amx) gemv_x16_amx<kType>(x, on_amx, a, tiles, N, K, bias, y, g0, g1);
+  }
   if (on_amx == rows) return;
   for (int64_t g = g0; g < g1; ++g)
     for (int r0 = on_amx; r0 < rows; r0 += kGemvRows) {
