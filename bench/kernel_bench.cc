@@ -23,7 +23,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 bool g_quick = false;
-std::string g_only;      // "", "gemv", "qgemv", "bgemv", "gemm", "attn", "pool", "bw"
+std::string g_only;      // "", "gemv", "qgemv", "bgemv", "gemm", "qgemm", "attn", "pool", "bw"
 int g_threads = 0;       // 0: 1 and 2
 std::string g_path;      // "": every path
 bool want(const char* what) { return g_only.empty() || g_only == what; }
@@ -242,6 +242,39 @@ void bench_gemm(ThreadPool& pool) {
   }
 }
 
+// The prefill GEMM on quantized weights (matmul, T rows) for the 1B model's shapes: GFLOP/s
+// against the bf16 GEMM on the same shape (the weights in L3 or memory, as in a prefill).
+void bench_quantized_gemm(ThreadPool& pool) {
+  using tessera::DType;
+  for (int64_t T : {16, 64, 128, 512}) {
+    if (g_quick && T > 64) continue;
+    for (const Shape& s : kShapes) {
+      if (std::string(s.model) != "1B" || std::string(s.name) == "lm_head") continue;
+      std::printf("  qgemm T=%-3ld %-8s [%5ld x %5ld]", long(T), s.name, long(s.N), long(s.K));
+      std::mt19937 rng(5);
+      std::vector<float> x(size_t(T * s.K)), y(size_t(T * s.N));
+      for (auto& v : x) v = std::normal_distribution<float>()(rng);
+      for (DType t : {DType::BF16, DType::Q4_0, DType::Q4_K, DType::Q8_0}) {
+        const bool bf16 = t == DType::BF16;
+        std::vector<uint8_t> data(bf16 ? size_t(s.N * s.K * 2) : size_t(x16_bytes(t, s.N, s.K)));
+        if (bf16) {
+          auto* v = reinterpret_cast<uint16_t*>(data.data());
+          for (size_t e = 0; e < data.size() / 2; ++e) v[e] = uint16_t(0x3F80 | (rng() & 0x7F));
+        } else {
+          for (auto& b : data) b = uint8_t(rng());
+          for (size_t at = 0; at + 64 <= data.size(); at += size_t(x16_tile_bytes(t)))
+            for (int e = 0; e < 32; ++e) reinterpret_cast<uint16_t*>(data.data() + at)[e] = 0x3C00;
+        }
+        const WeightMatrix w = bf16 ? WeightMatrix(Bf16Matrix{reinterpret_cast<const uint16_t*>(data.data()), s.N, s.K})
+                                    : WeightMatrix(t, data.data(), s.N, s.K);
+        const double sec = best_time([&] { matmul(x.data(), T, w, nullptr, y.data(), pool); }, g_quick ? 0.1 : 0.3, 2);
+        std::printf("  %s %6.0f", tessera::dtype_name(t), 2.0 * double(T * s.N * s.K) / sec / 1e9);
+      }
+      std::printf("  GFLOP/s\n");
+    }
+  }
+}
+
 void bench_attention(ThreadPool& pool) {
   struct A {
     const char* model;
@@ -296,7 +329,7 @@ int main(int argc, char** argv) {
     else if (a == "--threads" && i + 1 < argc) g_threads = std::atoi(argv[++i]);
     else if (a == "--path" && i + 1 < argc) g_path = argv[++i];
     else {
-      std::fprintf(stderr, "usage: tessera_kernel_bench [--quick] [--only gemv|qgemv|bgemv|gemm|attn|pool|bw] [--threads N] [--path P]\n");
+      std::fprintf(stderr, "usage: tessera_kernel_bench [--quick] [--only gemv|qgemv|bgemv|gemm|qgemm|attn|pool|bw] [--threads N] [--path P]\n");
       return 2;
     }
   }
@@ -326,6 +359,7 @@ int main(int argc, char** argv) {
       if (want("qgemv")) bench_qgemv(pool, bw);
       if (want("bgemv")) bench_batched_gemv(pool);
       if (want("gemm")) bench_gemm(pool);
+      if (want("qgemm")) bench_quantized_gemm(pool);
       if (want("attn")) bench_attention(pool);
     }
     set_isa("auto");

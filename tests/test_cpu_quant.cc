@@ -161,14 +161,12 @@ TEST(CpuQuant, MatmulComputesItsDeclaredNumerics) {
     CpuWeightStore store;
     const cpu::WeightMatrix& m = store.load(w);
     const auto bias = randn(size_t(N), 3);
-    for (const int64_t T : {1, 3, 20}) {
+    for (const int64_t T : {1, 3, 20, 70}) {
       SCOPED_TRACE("T=" + std::to_string(T));
       auto x = randn(size_t(T * K), uint32_t(T));
       x[5] *= 40;  // an outlier: the block's scale follows it
-      // T == 1: x as two int8 terms per block, the weights exact; T > 1: bf16 both.
-      const bool gemv = T == 1;
-      const auto want = reference(x, T, w, bias.data(), gemv ? oracle::Precision::Q8x2_32 : oracle::Precision::BF16,
-                                  gemv ? oracle::Precision::F32 : oracle::Precision::BF16);
+      // Every T: x as two int8 terms per block, the weights exact.
+      const auto want = reference(x, T, w, bias.data(), oracle::Precision::Q8x2_32, oracle::Precision::F32);
       // Against the exact product the int8 pair costs about max|x| / 64516 per value; one int8
       // term (max|x| / 254) would be 250x that, far outside this bound.
       const auto exact = reference(x, T, w, bias.data(), oracle::Precision::F32, oracle::Precision::F32);
@@ -176,9 +174,7 @@ TEST(CpuQuant, MatmulComputesItsDeclaredNumerics) {
         std::vector<float> y(size_t(T * N), -1.0f);
         cpu::matmul(x.data(), T, m, bias.data(), y.data(), pool);
         EXPECT_LT(worst_error(y, want, x, T, w), 2e-6);
-        if (gemv) {
-          EXPECT_LT(worst_error(y, exact, x, T, w), 1e-4);
-        }
+        EXPECT_LT(worst_error(y, exact, x, T, w), 1e-4);
       });
     }
   }
@@ -257,6 +253,46 @@ TEST(CpuQuant, BatchedGemvRowsAreTheOneRowGemvBitForBit) {
   const cpu::MatmulOut out[] = {{&wb, nullptr, y.data()}};
   EXPECT_THROW(cpu::matmul_rows(x.data(), 0, out, pool), Error);
   EXPECT_THROW(cpu::matmul_rows(x.data(), cpu::kMaxGemvRows + 1, out, pool), Error);
+}
+
+// A prefill call (T > 1, matmul) on quantized weights computes each row as the one-row
+// GEMV does, whatever T is (so a prompt's numbers do not depend on how it is chunked): for
+// every block type, matrices sharing the input beside a bf16 one, a partial last group of
+// rows, T below the AMX GEMM's 16 rows, one partial A tile, several and a second panel.
+TEST(CpuQuant, PrefillRowsAreTheOneRowGemvBitForBit) {
+  cpu::ThreadPool pool(2);
+  const int64_t K = 512, Na = 53, Nb = 40;
+  std::vector<uint16_t> bf(size_t(Nb * K));
+  const auto bfv = randn(bf.size(), 40);
+  for (size_t i = 0; i < bf.size(); ++i) bf[i] = f32_to_bf16(bfv[i] * 0.05f);
+  const cpu::WeightMatrix wb = Bf16Matrix{bf.data(), Nb, K};
+  for (DType t : kTypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const auto bytes = random_blocks(t, Na, K, 41);
+    const auto bytes2 = random_blocks(t, 19, K, 42);
+    CpuWeightStore store;
+    const cpu::WeightMatrix& wa = store.load(file_weight("a", t, bytes, Na, K));
+    const cpu::WeightMatrix& wc = store.load(file_weight("c", t, bytes2, 19, K));
+    const auto bias = randn(size_t(Na), 43);
+    for (const int64_t T : {3, 16, 21, 67}) {
+      SCOPED_TRACE("T=" + std::to_string(T));
+      auto x = randn(size_t(T * K), uint32_t(44 + T));
+      x[7] *= 80;
+      for (int64_t k = 0; k < 32; ++k) x[size_t(K + k)] = 0;  // a block of zeros (scale 0) in row 1
+      for_each_isa([&] {
+        std::vector<float> ya(size_t(T * Na), -1.0f), yb(size_t(T * Nb), -1.0f), yc(size_t(T * 19), -1.0f);
+        const cpu::MatmulOut outs[] = {{&wa, bias.data(), ya.data()}, {&wb, nullptr, yb.data()}, {&wc, nullptr, yc.data()}};
+        cpu::matmul_shared_input(x.data(), T, outs, pool);
+        for (int64_t r = 0; r < T; ++r) {
+          std::vector<float> one_a(static_cast<size_t>(Na)), one_c(19);
+          const cpu::MatmulOut one[] = {{&wa, bias.data(), one_a.data()}, {&wc, nullptr, one_c.data()}};
+          cpu::matmul_shared_input(x.data() + r * K, 1, one, pool);
+          for (int64_t n = 0; n < Na; ++n) ASSERT_EQ(ya[size_t(r * Na + n)], one_a[size_t(n)]) << "row " << r << " a " << n;
+          for (int64_t n = 0; n < 19; ++n) ASSERT_EQ(yc[size_t(r * 19 + n)], one_c[size_t(n)]) << "row " << r << " c " << n;
+        }
+      });
+    }
+  }
 }
 
 // The activation quantizer is vectorized (Highway): on every target it must write the plain

@@ -208,12 +208,12 @@ oracle::Numerics CpuRunner::numerics(Stage s, int64_t T, int64_t layer) const {
   // converted once at load); everything else runs in fp32; the KV cache stores fp16.
   n.weights = n.matmul_inputs = oracle::Precision::BF16;
   n.kv_cache = oracle::Precision::F16;
-  // Quantized weights: the GEMV multiplies the blocks exactly by x quantized per 32-value
-  // block to two int8 terms (cpu/quant.h); T > 1 dequantizes them to bf16 (as above). A
-  // stage whose matrices mix tiles and bf16 (a file storing q and v differently) declares
-  // bf16, the larger of the two errors, for all of them.
+  // Quantized weights: the blocks are multiplied exactly by x quantized per 32-value block
+  // to two int8 terms (cpu/quant.h), at every T (prefill computes each row as the decode GEMV
+  // does). A stage whose matrices mix tiles and bf16 (a file storing q and v differently)
+  // declares bf16, the larger of the two errors, for all of them.
   if (s == Stage::Embedding && stage_matrix_quantized(s, layer)) n.weights = oracle::Precision::F32;  // rows dequantized
-  if (T == 1 && s != Stage::Embedding && stage_matrix_quantized(s, layer)) {
+  if (s != Stage::Embedding && stage_matrix_quantized(s, layer)) {
     n.weights = oracle::Precision::F32;
     n.matmul_inputs = oracle::Precision::Q8x2_32;
   }

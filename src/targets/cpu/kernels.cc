@@ -112,35 +112,21 @@ void check_quantized(const WeightMatrix& w) {
          dtype_block_values(w.dtype));
 }
 
-// The portable quantized matmul (no AVX-512): the same numerics as the AVX-512 path. T == 1:
-// x quantized per block, one integer dot per block scaled by both scales (Highway's current
-// target, x16_gemv_rows's arithmetic bit for bit); T > 1: a few hundred rows at a time
-// dequantized to bf16 and multiplied by Highway's bf16 GEMM, so the blocks are expanded once
-// per call.
+// The portable quantized matmul (no AVX-512): the same numerics as the AVX-512 path. Each
+// row x quantized per block, one integer dot per block scaled by both scales (Highway's
+// current target, x16_gemv_rows's arithmetic bit for bit), whatever T is: a row's numbers
+// never depend on the rows beside it. A group's tiles are read once for all T rows.
 void matmul_quantized_portable(const float* x, int64_t T, const WeightMatrix& w, const float* bias, float* y,
                                ThreadPool& pool) {
   const int64_t N = w.rows, K = w.cols, groups = (N + kTileRows - 1) / kTileRows;
-  if (T == 1) {
-    Q8Row xq;
-    xq.quantize(x, K);
-    pool.parallel_for(groups, [&](int64_t g0, int64_t g1) { gemv_x16_hwy(xq, w, bias, y, g0, g1); });
-    return;
-  }
-  // x rounded to bf16 as the declared numerics say (Highway's GEMM itself reads fp32).
-  std::vector<float> xr(x, x + T * K);
-  for (float& v : xr) v = bf16_to_f32(f32_to_bf16(v));
-  const int64_t chunk = 16 * kTileRows;  // rows per step (bf16 copy of at most 256 x K)
-  std::vector<uint16_t> wb(size_t(chunk * K));
-  std::vector<float> part(size_t(T * chunk));
-  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
-    const int64_t rows = std::min(chunk, N - n0);
-    pool.parallel_for((rows + kTileRows - 1) / kTileRows, [&](int64_t g0, int64_t g1) {
-      const int64_t r0 = n0 + g0 * kTileRows, r1 = std::min(n0 + rows, n0 + g1 * kTileRows);
-      x16_rows_bf16(w.dtype, w.tiles(), K, r0, r1, 0, K, wb.data() + (r0 - n0) * K, K);
-    });
-    matmul_hwy(xr.data(), T, Bf16Matrix{wb.data(), rows, K}, bias ? bias + n0 : nullptr, part.data(), pool);
-    for (int64_t t = 0; t < T; ++t) std::copy_n(part.data() + t * rows, rows, y + t * N + n0);
-  }
+  std::vector<Q8Row> xq(static_cast<size_t>(T));
+  pool.parallel_for(T, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) xq[size_t(t)].quantize(x + t * K, K);
+  });
+  pool.parallel_for(groups, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t t = 0; t < T; ++t) gemv_x16_hwy(xq[size_t(t)], w, bias, y + t * N, g, g + 1);
+  });
 }
 
 }  // namespace

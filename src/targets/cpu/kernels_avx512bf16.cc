@@ -910,100 +910,203 @@ void gemv_quantized(const Q8Row* const* x, int rows, const int8_t* a, const Weig
   }
 }
 
-// Rows [16 g, 16 g + 16) of a matrix of x16 tiles as bf16 rows (row stride ld, the rows past
-// the matrix's end written too: zeros). Each value is the product io/tensor.cc computes for it
-// (no multiply-add fused, as there), rounded to nearest even.
-template <DType kType>
-__attribute__((optimize("fp-contract=off"))) TS_BF16 void dequant_group_bf16(const uint8_t* tiles, int64_t K,
-                                                                             int64_t g, uint16_t* out, int64_t ld) {
-  constexpr X16Layout L = x16_layout(kType);
-  constexpr int kChunks = int(L.values / 32);
-  constexpr int kOffset = L.offset;
-  const int64_t blocks = K / L.values;
-  const __m512 off = _mm512_set1_ps(float(kOffset));
-  // Lane l of quarter q belongs to row 4q + l / 4.
-  __m512i row_of[4];
-  for (int q = 0; q < 4; ++q) {
-    alignas(64) int32_t idx[16];
-    for (int l = 0; l < 16; ++l) idx[l] = 4 * q + l / 4;
-    row_of[q] = _mm512_load_si512(idx);
+
+// ---- Prefill on quantized weights: AMX-INT8 GEMM, each row the decode GEMV's numbers. x's
+// rows are quantized as for the GEMV (Q8Row); an A tile holds 16 rows' hi terms of one 32-value
+// chunk, a second their lo terms; the chunk's value vectors, unpacked to signed bytes (q, the
+// stored offset taken out: TDPBSSD), are the B tile; the two products are every row's integer
+// dots for 16 weight rows, exactly the GEMV's (integers, whatever the order), which
+// finish_chunk scales as the GEMV does. So a row of a prefill call is the same fp32 result
+// as that row alone in a decode step, whatever T is: the weights are never expanded to bf16,
+// and one unpacked B tile serves up to kAmxGemmPanel rows.
+constexpr int kAmxGemmRows = 16;   // activation rows per A tile
+constexpr int kAmxGemmPanel = 64;  // activation rows that share each unpacked B tile
+
+// Tiles 0/1: A (hi, lo terms; sub bytes wide), 2/3: B (Q6_K: the chunk's two halves), 4/5 and
+// 6/7: C (hi and lo dots) of even and odd steps (Q6_K: all four in every step).
+TS_AMX_INT8 void amx_gemm_config(int sub) {
+  AmxConfig cfg;
+  for (int i = 0; i < 2; ++i) {
+    cfg.colsb[i] = uint16_t(sub);
+    cfg.rows[i] = kAmxGemmRows;
+    cfg.colsb[2 + i] = 64;
+    cfg.rows[2 + i] = uint8_t(sub / 4);
   }
-  const uint8_t* tile = tiles + g * blocks * L.bytes;
-  for (int64_t b = 0; b < blocks; ++b, tile += L.bytes) {
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile)));
-    for (int j = 0; j < kChunks; ++j) {
-      // Per row: value = scale * q (+ add), as the reader computes it for this type.
-      __m512 scale[2] = {d, d}, add = _mm512_setzero_ps();
-      if constexpr (x16_has_min(kType))
-        add = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + L.m)));
-      if constexpr (x16_k_scales(kType)) {
-        scale[0] = scale[1] = _mm512_mul_ps(d, scales_u8(tile + L.sc + j * 16));
-        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 32)));
-        add = _mm512_mul_ps(dmin, scales_u8(tile + L.m + j * 16));  // subtracted
-      }
-      if constexpr (kType == DType::Q6_K)
-        for (int h = 0; h < 2; ++h) scale[h] = _mm512_mul_ps(d, scales_i8(tile + L.sc + (2 * j + h) * 16));
-      for (int c = 0; c < 4; ++c) {
-        __m512i vv[2];
-        value_vectors<kType>(tile, j, c, vv[0], vv[1]);
-        for (int half = 0; half < 2; ++half) {
-          const int64_t col = b * L.values + j * 32 + 8 * c + 4 * half;  // value vector 2c + half
-          const __m512 sc = scale[kType == DType::Q6_K ? c / 2 : 0];
-          alignas(64) uint8_t bytes[64];  // lanes of 16 rows, four values each
-          _mm512_store_si512(bytes, vv[half]);
-          for (int q = 0; q < 4; ++q) {
-            const __m128i part = _mm_load_si128(reinterpret_cast<const __m128i*>(bytes + 16 * q));
-            const __m512 qv = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(part)), off);
-            __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(row_of[q], sc), qv);
-            if constexpr (x16_has_min(kType)) v = _mm512_add_ps(v, _mm512_permutexvar_ps(row_of[q], add));
-            if constexpr (x16_k_scales(kType)) v = _mm512_sub_ps(v, _mm512_permutexvar_ps(row_of[q], add));
-            alignas(32) uint64_t four[4];  // rows 4q..4q+3, four bf16 values each
-            _mm256_store_si256(reinterpret_cast<__m256i*>(four), (__m256i)_mm512_cvtneps_pbh(v));
-            for (int r = 0; r < 4; ++r) std::memcpy(out + (4 * q + r) * ld + col, &four[r], 8);
-          }
-        }
-      }
-    }
+  for (int i = 4; i < 8; ++i) {
+    cfg.colsb[i] = 64;
+    cfg.rows[i] = kAmxGemmRows;
+  }
+  asm volatile("" : : "r"(&cfg) : "memory");  // as amx_begin: ldtilecfg reads cfg
+  _tile_loadconfig(&cfg);
+}
+
+// Value vectors 2c and 2c + 1 of chunk j as signed bytes: the quantized values themselves.
+template <DType kType>
+TS_BF16_INLINE void signed_value_vectors(const uint8_t* tile, int j, int c, __m512i& v0, __m512i& v1) {
+  constexpr int kOffset = x16_layout(kType).offset;
+  value_vectors<kType>(tile, j, c, v0, v1);
+  if constexpr (kOffset != 0) {
+    const __m512i off = _mm512_set1_epi8(char(kOffset));  // 128 wraps: q + 128 - 128 = q as int8
+    v0 = _mm512_sub_epi8(v0, off);
+    v1 = _mm512_sub_epi8(v1, off);
   }
 }
 
-void dequant_rows_bf16(const WeightMatrix& w, int64_t g, uint16_t* out, int64_t ld) {
+// One step's products: A tiles from x's hi and lo terms at a (tile row stride lda, the lo
+// terms 512 bytes on), B from tile B, into C tiles CH and CL. A macro: literal tile numbers.
+#define TS_AMX_DOTS(B, CH, CL, a, lda) \
+  do {                                 \
+    _tile_loadd(0, a, lda);            \
+    _tile_loadd(1, (a) + 512, lda);    \
+    _tile_zero(CH);                    \
+    _tile_zero(CL);                    \
+    _tile_dpbssd(CH, 0, B);            \
+    _tile_dpbssd(CL, 1, B);            \
+  } while (0)
+#define TS_AMX_STORE(CH, CL, out)      \
+  do {                                 \
+    _tile_stored(CH, (out)[0], 64);    \
+    _tile_stored(CL, (out)[1], 64);    \
+  } while (0)
+
+// y[t][16 g + i] for the `rows` (<= kAmxGemmPanel) activation rows x[t] whose terms are
+// `terms` (amx_gemm_terms), tile group g. Steps run over (chunk, block of 16 rows); step
+// s + 1's products are started before step s's are stored and scaled, so the AMX unit works
+// while the vector unit scales.
+template <DType kType>
+TS_AMX_INT8 void gemm_x16_group_amx(const Q8Row* const* x, int rows, const int8_t* terms, const uint8_t* tiles,
+                                    int64_t N, int64_t K, const float* bias, float* y, int64_t g, bool prefetch) {
+  constexpr X16Layout L = x16_layout(kType);
+  constexpr int kChunks = int(L.values / 32);
+  constexpr int64_t kLines = (L.bytes + 63) / 64, kAhead = 4096;
+  constexpr bool kHalves = kType == DType::Q6_K;
+  constexpr int kHalvesPer = kHalves ? 2 : 1;
+  const int64_t blocks = K / L.values, chunks = blocks * kChunks;
+  const int mblocks = (rows + kAmxGemmRows - 1) / kAmxGemmRows;
+  const int64_t steps = chunks * mblocks;
+  const __m512 lo_scale = _mm512_set1_ps(1.0f / Q8Row::kLoScale);
+  const uint8_t* first_tile = tiles + g * blocks * L.bytes;
+  struct Acc {
+    __m512 acc0, acc1, blk, blk_min;
+  };
+  alignas(64) Acc acc[kAmxGemmPanel];
+  for (int t = 0; t < rows; ++t) acc[t].acc0 = acc[t].acc1 = acc[t].blk = acc[t].blk_min = _mm512_setzero_ps();
+  alignas(64) uint8_t b_tile[512];           // the chunk's value vectors, signed
+  alignas(64) int32_t dots[2][4][16 * 16];   // [step parity][hi, lo (, second half's hi, lo)][row][weight row]
+  auto tile_of = [&](int64_t q) { return first_tile + (q / kChunks) * L.bytes; };
+
+  auto dot_step = [&](int64_t s) TS_AMX_INT8 {
+    const int64_t q = s / mblocks;
+    const int m = int(s % mblocks);
+    if (m == 0) {  // a new chunk: its weights unpacked once for every block of rows
+      const uint8_t* tile = tile_of(q);
+      const int j = int(q % kChunks);
+      if (prefetch)  // as gemv_x16_group
+        for (int64_t line = j * kLines / kChunks; line < (j + 1) * kLines / kChunks; ++line)
+          _mm_prefetch(reinterpret_cast<const char*>(tile) + kAhead + 64 * line, _MM_HINT_T1);
+      for (int c = 0; c < 4; ++c) {
+        __m512i v0, v1;
+        signed_value_vectors<kType>(tile, j, c, v0, v1);
+        _mm512_store_si512(b_tile + 128 * c, v0);
+        _mm512_store_si512(b_tile + 128 * c + 64, v1);
+      }
+      _tile_loadd(2, b_tile, 64);
+      if constexpr (kHalves) _tile_loadd(3, b_tile + 256, 64);
+    }
+    const int8_t* a = terms + (int64_t(m) * chunks + q) * 1024;
+    if constexpr (kHalves) {
+      TS_AMX_DOTS(2, 4, 5, a, 32);  // the halves' products wait for each other's A tiles
+      TS_AMX_STORE(4, 5, dots[s & 1]);
+      TS_AMX_DOTS(3, 6, 7, a + 16, 32);
+      TS_AMX_STORE(6, 7, dots[s & 1] + 2);
+    } else if (s & 1) {
+      TS_AMX_DOTS(2, 6, 7, a, 32);
+    } else {
+      TS_AMX_DOTS(2, 4, 5, a, 32);
+    }
+  };
+  auto store_step = [&](int64_t s) TS_AMX_INT8 {
+    if constexpr (!kHalves) {
+      if (s & 1)
+        TS_AMX_STORE(6, 7, dots[1]);
+      else
+        TS_AMX_STORE(4, 5, dots[0]);
+    }
+  };
+  auto scale_step = [&](int64_t s) TS_AMX_INT8 {
+    const int64_t q = s / mblocks;
+    const int m = int(s % mblocks);
+    const int j = int(q % kChunks);
+    const uint8_t* tile = tile_of(q);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile)));
+    int32_t(*in)[256] = dots[s & 1];
+    const int t1 = std::min(rows, (m + 1) * kAmxGemmRows);
+    for (int t = m * kAmxGemmRows; t < t1; ++t) {
+      const int r = t - m * kAmxGemmRows;
+      __m512i sh[2], sl[2];
+      for (int h = 0; h < kHalvesPer; ++h) {
+        sh[h] = _mm512_load_si512(in[2 * h] + 16 * r);
+        sl[h] = _mm512_load_si512(in[2 * h + 1] + 16 * r);
+      }
+      Acc& a = acc[t];
+      finish_chunk<kType>(*x[t], tile, j, q, sh, sl, d, lo_scale, a.blk, a.blk_min, a.acc0, a.acc1);
+      if (j == kChunks - 1) {
+        finish_block<kType>(tile, d, a.blk, a.blk_min, a.acc0, a.acc1);
+        a.blk = a.blk_min = _mm512_setzero_ps();
+      }
+    }
+  };
+  dot_step(0);
+  for (int64_t s = 0; s < steps; ++s) {
+    if (s + 1 < steps) dot_step(s + 1);
+    store_step(s);
+    scale_step(s);
+  }
+  for (int t = 0; t < rows; ++t) store_group(acc[t].acc0, acc[t].acc1, bias, y + int64_t(t) * N, g, N);
+}
+#undef TS_AMX_DOTS
+#undef TS_AMX_STORE
+
+// x's terms as the AMX GEMM's A tiles: per block of 16 rows and 32-value chunk, 1 KiB: the
+// 16 rows' hi terms (32 bytes each), then their lo terms; rows past T zero. Contiguous, so a
+// step's two A tiles are 16 whole cache lines.
+void amx_gemm_terms(const Q8Row& x, int64_t t, int64_t K, int8_t* terms) {
+  const int64_t chunks = K / 32;
+  int8_t* at = terms + (t / kAmxGemmRows) * chunks * 1024 + (t % kAmxGemmRows) * 32;
+  for (int64_t q = 0; q < chunks; ++q, at += 1024) {
+    std::memcpy(at, x.hi.data() + q * 32, 32);
+    std::memcpy(at + 512, x.lo.data() + q * 32, 32);
+  }
+}
+
+// Groups [g0, g1) for T activation rows (terms: amx_gemm_terms), a panel of kAmxGemmPanel
+// rows at a time; a group's tiles stay in L1/L2 for the next panel.
+template <DType kType>
+TS_AMX_INT8 void gemm_x16_amx(const Q8Row* const* x, int64_t T, const int8_t* terms, const uint8_t* tiles, int64_t N,
+                              int64_t K, const float* bias, float* y, int64_t g0, int64_t g1) {
+  amx_gemm_config(kType == DType::Q6_K ? 16 : 32);
+  for (int64_t g = g0; g < g1; ++g)
+    for (int64_t t0 = 0; t0 < T; t0 += kAmxGemmPanel)
+      gemm_x16_group_amx<kType>(x + t0, int(std::min<int64_t>(kAmxGemmPanel, T - t0)), terms + t0 / 16 * (K / 32) * 1024,
+                                tiles, N, K, bias, y + t0 * N, g, t0 == 0);
+  _tile_release();
+}
+
+void gemm_quantized_amx(const Q8Row* const* x, int64_t T, const int8_t* terms, const WeightMatrix& w,
+                        const float* bias, float* y, int64_t g0, int64_t g1) {
+  const uint8_t* t = w.tiles();
   switch (w.dtype) {
-    case DType::Q4_0: return dequant_group_bf16<DType::Q4_0>(w.tiles(), w.cols, g, out, ld);
-    case DType::Q4_1: return dequant_group_bf16<DType::Q4_1>(w.tiles(), w.cols, g, out, ld);
-    case DType::Q5_0: return dequant_group_bf16<DType::Q5_0>(w.tiles(), w.cols, g, out, ld);
-    case DType::Q5_1: return dequant_group_bf16<DType::Q5_1>(w.tiles(), w.cols, g, out, ld);
-    case DType::Q5_K: return dequant_group_bf16<DType::Q5_K>(w.tiles(), w.cols, g, out, ld);
-    case DType::Q8_0: return dequant_group_bf16<DType::Q8_0>(w.tiles(), w.cols, g, out, ld);
-    case DType::Q4_K: return dequant_group_bf16<DType::Q4_K>(w.tiles(), w.cols, g, out, ld);
-    case DType::Q6_K: return dequant_group_bf16<DType::Q6_K>(w.tiles(), w.cols, g, out, ld);
+    case DType::Q4_0: return gemm_x16_amx<DType::Q4_0>(x, T, terms, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q4_1: return gemm_x16_amx<DType::Q4_1>(x, T, terms, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q5_0: return gemm_x16_amx<DType::Q5_0>(x, T, terms, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q5_1: return gemm_x16_amx<DType::Q5_1>(x, T, terms, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q5_K: return gemm_x16_amx<DType::Q5_K>(x, T, terms, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q8_0: return gemm_x16_amx<DType::Q8_0>(x, T, terms, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q4_K: return gemm_x16_amx<DType::Q4_K>(x, T, terms, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q6_K: return gemm_x16_amx<DType::Q6_K>(x, T, terms, t, w.rows, w.cols, bias, y, g0, g1);
     default: fail("cpu kernels: no AVX-512 kernel reads {} weights", dtype_name(w.dtype));
   }
 }
-
-// T > 1 on quantized weights: each block of up to 64 rows is dequantized once into a bf16
-// scratch [64, K] (kept in L2) and the bf16 GEMM runs on it for all T tokens, so the blocks
-// are expanded once per call whatever T is.
-constexpr int64_t kDequantRows = 64;
-void gemm_quantized_range(const uint16_t* xb, int64_t xs, int64_t T, const WeightMatrix& w, const float* bias,
-                          float* y, int64_t n0, int64_t n1, const GemmBlocking& blk) {
-  const int64_t K = w.cols, N = w.rows;
-  thread_local std::vector<uint16_t, AlignedAlloc<uint16_t>> scratch;
-  if (scratch.size() < size_t((kDequantRows + kTileRows) * K)) scratch.resize(size_t((kDequantRows + kTileRows) * K));
-  for (int64_t r0 = n0; r0 < n1; r0 += kDequantRows) {
-    const int64_t rows = std::min(kDequantRows, n1 - r0);
-    // r0 is a multiple of 16 (the threads split N in groups of 16); whole groups are written.
-    for (int64_t g = r0 / kTileRows; g * kTileRows < r0 + rows; ++g)
-      dequant_rows_bf16(w, g, scratch.data() + (g * kTileRows - r0) * K, K);
-    const Bf16Matrix part{scratch.data(), rows, K};
-    const float* b = bias ? bias + r0 : nullptr;
-    if (T >= kPackedMinT)
-      gemm_packed_range(xb, xs, T, part, b, y + r0, N, 0, rows, blk);
-    else
-      gemm_range(xb, xs, T, part, b, y + r0, N, 0, rows);
-  }
-}
-
 // x's terms as the AMX GEMV's A matrices: per kAmxGemvRows rows (rows: a multiple of it),
 // their hi rows then their lo rows ([2R][K] int8 each block of R rows).
 void amx_terms(const Q8Row* const* x, int rows, int64_t K, int8_t* out) {
@@ -1073,6 +1176,62 @@ void gemv_outs(const float* x, int64_t rows, const uint16_t* xb, int64_t Kp, std
       grain);
 }
 
+// Quantized matrices at T > 1 (one shared input x): every row exactly as the decode GEMV
+// computes it alone (so a row's numbers never depend on T). From kAmxGemmRows rows on with
+// AMX-INT8: the GEMM above; otherwise the batched GEMV, kMaxGemvRows rows per pass.
+void matmul_quantized(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool) {
+  const int64_t K = outs[0].w->cols;
+  if (T < kAmxGemmRows || !use_amx() || !cpu_has_amx_int8()) {
+    std::vector<MatmulOut> part(outs.begin(), outs.end());
+    for (int64_t t0 = 0; t0 < T; t0 += kMaxGemvRows) {
+      for (size_t i = 0; i < outs.size(); ++i) part[i].y = outs[i].y + t0 * outs[i].w->rows;
+      gemv_outs(x + t0 * K, std::min(kMaxGemvRows, T - t0), nullptr, 0, part, pool);
+    }
+    return;
+  }
+  // x's rows quantized, and their terms as A tiles (rows past T: zeros).
+  thread_local std::vector<Q8Row> xq_buf;
+  thread_local std::vector<int8_t, AlignedAlloc<int8_t>> terms_buf;
+  const int64_t Tp = (T + kAmxGemmRows - 1) / kAmxGemmRows * kAmxGemmRows;
+  if (xq_buf.size() < size_t(T)) xq_buf.resize(size_t(T));
+  if (terms_buf.size() < size_t(Tp * K * 2)) terms_buf.resize(size_t(Tp * K * 2));
+  // The workers write these (a name of a thread_local would be their own).
+  Q8Row* xq = xq_buf.data();
+  int8_t* terms = terms_buf.data();
+  pool.parallel_for(T, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      xq[t].quantize(x + t * K, K);
+      amx_gemm_terms(xq[t], t, K, terms);
+    }
+  });
+  if (Tp > T) {  // the last block's rows past T
+    for (int64_t t = T; t < Tp; ++t)
+      for (int64_t q = 0; q < K / 32; ++q) {
+        int8_t* at = terms + (t / kAmxGemmRows * (K / 32) + q) * 1024 + (t % kAmxGemmRows) * 32;
+        std::memset(at, 0, 32);
+        std::memset(at + 512, 0, 32);
+      }
+  }
+  std::vector<const Q8Row*> rows(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) rows[size_t(t)] = xq + t;
+  // Every matrix's groups of 16 rows, numbered across the matrices, handed out dynamically.
+  std::vector<int64_t> first(outs.size() + 1, 0);
+  for (size_t i = 0; i < outs.size(); ++i) first[i + 1] = first[i] + (outs[i].w->rows + 15) / 16;
+  const int64_t groups = first.back();
+  pool.parallel_for(
+      groups,
+      [&](int64_t b, int64_t e) {
+        for (size_t i = 0; i < outs.size() && b < e; ++i) {
+          if (b >= first[i + 1]) continue;
+          const MatmulOut& o = outs[i];
+          const int64_t b1 = std::min(e, first[i + 1]);
+          gemm_quantized_amx(rows.data(), T, terms, *o.w, o.bias, o.y, b - first[i], b1 - first[i]);
+          b = b1;
+        }
+      },
+      std::max<int64_t>(1, groups / (8 * pool.size())));
+}
+
 }  // namespace
 
 void matmul_rows_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool) {
@@ -1096,8 +1255,9 @@ void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> out
   // Row stride of the bf16 activations: K padded to 32, plus 32 so that rows are not a power
   // of two apart (which would alias cache sets for K = 2048, 8192, ...).
   const int64_t Kp = (K + 31) / 32 * 32 + 32;
-  bool any_bf16 = T > 1, any_quantized = false;
-  for (const MatmulOut& o : outs) (o.w->quantized() ? any_quantized : any_bf16) = true;
+  std::vector<MatmulOut> quantized, bf16;
+  for (const MatmulOut& o : outs) (o.w->quantized() ? quantized : bf16).push_back(o);
+  const bool any_bf16 = !bf16.empty();
   thread_local std::vector<uint16_t> xb_buf;
   uint16_t* xb = nullptr;
   if (any_bf16) {
@@ -1111,15 +1271,11 @@ void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> out
       convert_rows(x, T, K, Kp, xb);
   }
   if (T == 1) return gemv_outs(x, 1, xb, Kp, outs, pool);
-  for (const MatmulOut& o : outs) {
+  if (!quantized.empty()) matmul_quantized(x, T, quantized, pool);
+  for (const MatmulOut& o : bf16) {
     const WeightMatrix& w = *o.w;
     const int64_t N = w.rows;
-    if (w.quantized()) {
-      const int64_t units = (N + 15) / 16;  // threads split N in groups of 16 rows
-      pool.parallel_for(units, [&](int64_t b, int64_t e) {
-        gemm_quantized_range(xb, Kp, T, w, o.bias, o.y, b * 16, std::min(N, e * 16), blocking);
-      });
-    } else if (T >= kPackedMinT) {
+    if (T >= kPackedMinT) {
       const int64_t units = (N + 15) / 16;  // threads split N in groups of 16 rows
       pool.parallel_for(units, [&](int64_t b, int64_t e) {
         gemm_packed_range(xb, Kp, T, w.bf16(), o.bias, o.y, N, b * 16, std::min(N, e * 16), blocking);
