@@ -598,6 +598,18 @@ TS_BF16_INLINE void value_vectors(const uint8_t* tile, int j, int c, __m512i& v0
   }
 }
 
+// Value vectors 2c and 2c + 1 of chunk j as signed bytes: the quantized values themselves.
+template <DType kType>
+TS_BF16_INLINE void signed_value_vectors(const uint8_t* tile, int j, int c, __m512i& v0, __m512i& v1) {
+  constexpr int kOffset = x16_layout(kType).offset;
+  value_vectors<kType>(tile, j, c, v0, v1);
+  if constexpr (kOffset != 0) {
+    const __m512i off = _mm512_set1_epi8(char(kOffset));  // 128 wraps: q + 128 - 128 = q as int8
+    v0 = _mm512_sub_epi8(v0, off);
+    v1 = _mm512_sub_epi8(v1, off);
+  }
+}
+
 // One activation row's share of chunk j (32 values) of a tile, from the chunk's integer
 // dots with x's two terms (the weights' offset already taken out; sh[h], sl[h]: per 16-value
 // half for Q6_K): scaled and summed in fp32. Both decode GEMVs (VNNI and AMX) end each chunk
@@ -721,16 +733,17 @@ TS_BF16 void gemv_x16_group(const Q8Row* const* x, const uint8_t* tiles, int64_t
 }
 
 // ---- The batched decode GEMV on AMX tiles (AMX-INT8). A chunk's 16 weight rows x 32 values
-// in the x16 layout (lane i: four consecutive values of row i) are already the rows of an
-// AMX B tile of unsigned bytes; an A tile holds the chunk's 32 values of x's hi terms for R
-// rows and of its lo terms below them (2R <= 16 tile rows); one TDPBSUD makes every row's two
-// integer dots at once, which the vector unit then scales exactly as the VNNI GEMV does
-// (finish_chunk). The integer dots are exact whatever their order, so each row is its
-// one-row GEMV's result bit for bit; the AMX unit takes the dot products off the vector
-// ports. Measured (tessera_kernel_bench --only bgemv, 2 threads, [2048 x 2048] out of cache):
-// 8 rows of Q4_0 / Q4_K 234 / 228 us against VNNI's 266 / 271; 2 and 4 rows slower than
-// VNNI. The gain is small because what limits 8 rows is the per-row scaling in
-// finish_chunk, which both paths share, more than the dot products.
+// in the x16 layout (lane i: four consecutive values of row i), unpacked to signed bytes (the
+// stored offset taken out), are an AMX B tile; an A tile holds the chunk's 32 values of x's
+// hi terms for R rows and of its lo terms below them (2R <= 16 tile rows); one TDPBSSD makes
+// every row's two integer dots at once, which the vector unit then scales exactly as the
+// VNNI GEMV does (finish_chunk). The integer dots are exact whatever their order, so each
+// row is its one-row GEMV's result bit for bit; the AMX unit takes the dot products off the
+// vector ports, and signed weights spare each row the offset's correction. Measured
+// (tessera_kernel_bench --only bgemv, 2 threads, [2048 x 2048] out of cache), 8 rows: Q4_0
+// 190 us (unsigned weights with the offset corrected per row: 220-235; VNNI 266), Q4_K 216
+// (VNNI 271), Q8_0 250 (VNNI 324); 2 and 4 rows stay on VNNI. What limits 8 rows is the
+// per-row scaling in finish_chunk, which both paths share, more than the dot products.
 constexpr int kAmxGemvRows = 8;  // activation rows per A tile (hi and lo: 16 tile rows)
 
 // A round is two tile products: two chunks, or Q6_K's two halves of one (a scale per 16
@@ -760,7 +773,7 @@ TS_AMX_INT8 void amx_gemv_config(int R, int sub) {
     _tile_loadd(A, a, lda);                     \
     _tile_loadd(B, w, 64);                      \
     _tile_zero(C);                              \
-    _tile_dpbsud(C, A, B);                      \
+    _tile_dpbssd(C, A, B);                      \
     _tile_stored(C, out, 64);                   \
   } while (0)
 
@@ -771,12 +784,10 @@ TS_AMX_INT8 void amx_gemv_config(int R, int sub) {
 template <DType kType>
 TS_AMX_INT8 void gemv_x16_group_amx(const Q8Row* const* x, const int8_t* a, const uint8_t* tiles, int64_t N,
                                     int64_t K, const float* bias, float* const* y, int64_t g, bool prefetch) {
-  static_assert(kType != DType::Q8_0, "Q8_0 stays on the VNNI GEMV");
   constexpr int R = kAmxGemvRows;  // a constant: the accumulators stay in registers
   constexpr X16Layout L = x16_layout(kType);
   constexpr int kChunks = int(L.values / 32);
   constexpr int64_t kLines = (L.bytes + 63) / 64, kAhead = 4096;
-  constexpr int32_t kOffset = L.offset;
   constexpr bool kHalves = kType == DType::Q6_K;
   constexpr int kHalvesPer = kHalves ? 2 : 1, kRound = 2 / kHalvesPer;  // chunks per round
   const int64_t blocks = K / L.values, chunks = blocks * kChunks, rounds = (chunks + kRound - 1) / kRound;
@@ -799,7 +810,7 @@ TS_AMX_INT8 void gemv_x16_group_amx(const Q8Row* const* x, const int8_t* a, cons
           _mm_prefetch(reinterpret_cast<const char*>(tile) + kAhead + 64 * line, _MM_HINT_T1);
       for (int c = 0; c < 4; ++c) {
         __m512i v0, v1;
-        value_vectors<kType>(tile, j, c, v0, v1);
+        signed_value_vectors<kType>(tile, j, c, v0, v1);
         _mm512_store_si512(unpacked[k % 3][i] + 128 * c, v0);
         _mm512_store_si512(unpacked[k % 3][i] + 128 * c + 64, v1);
       }
@@ -827,15 +838,11 @@ TS_AMX_INT8 void gemv_x16_group_amx(const Q8Row* const* x, const int8_t* a, cons
       const uint8_t* tile = tile_of(q);
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile)));
       for (int r = 0; r < R; ++r) {
-        const int32_t* s16h = x[r]->sum_hi.data() + 2 * q;
-        const int32_t* s16l = x[r]->sum_lo.data() + 2 * q;
         __m512i sh[2], sl[2];
         for (int h = 0; h < kHalvesPer; ++h) {
-          // The weights' offset out, in integers, as the VNNI GEMV's starting sums.
-          const int32_t oh = kHalves ? s16h[h] : s16h[0] + s16h[1], ol = kHalves ? s16l[h] : s16l[0] + s16l[1];
           const int32_t* c = in[i * kHalvesPer + h];
-          sh[h] = _mm512_add_epi32(_mm512_load_si512(c + 16 * r), _mm512_set1_epi32(-kOffset * oh));
-          sl[h] = _mm512_add_epi32(_mm512_load_si512(c + 16 * (R + r)), _mm512_set1_epi32(-kOffset * ol));
+          sh[h] = _mm512_load_si512(c + 16 * r);
+          sl[h] = _mm512_load_si512(c + 16 * (R + r));
         }
         finish_chunk<kType>(*x[r], tile, j, q, sh, sl, d, lo_scale, blk[r], blk_min[r], acc0[r], acc1[r]);
         if (j == kChunks - 1) {
@@ -870,16 +877,12 @@ TS_AMX_INT8 void gemv_x16_amx(const Q8Row* const* x, int rows, const int8_t* a, 
 
 // Groups [g0, g1) for `rows` activation rows: whole blocks of kAmxGemvRows rows on AMX when a
 // (their terms) is given, the rest kGemvRows at a time on VNNI. A group's tiles come from
-// memory once and stay in L2 for the next rows. Q8_0 stays on VNNI: its AMX B tiles would
-// be read straight from the stream (not unpacked first), measured slower.
+// memory once and stay in L2 for the next rows.
 template <DType kType>
 void gemv_x16(const Q8Row* const* x, int rows, const int8_t* a, const uint8_t* tiles, int64_t N, int64_t K,
               const float* bias, float* const* y, int64_t g0, int64_t g1) {
-  int on_amx = 0;
-  if constexpr (kType != DType::Q8_0) {
-    on_amx = a ? rows / kAmxGemvRows * kAmxGemvRows : 0;
-    if (on_amx) gemv_x16_amx<kType>(x, on_amx, a, tiles, N, K, bias, y, g0, g1);
-  }
+  const int on_amx = a ? rows / kAmxGemvRows * kAmxGemvRows : 0;
+  if (on_amx) gemv_x16_amx<kType>(x, on_amx, a, tiles, N, K, bias, y, g0, g1);
   if (on_amx == rows) return;
   for (int64_t g = g0; g < g1; ++g)
     for (int r0 = on_amx; r0 < rows; r0 += kGemvRows) {
@@ -938,18 +941,6 @@ TS_AMX_INT8 void amx_gemm_config(int sub) {
   }
   asm volatile("" : : "r"(&cfg) : "memory");  // as amx_begin: ldtilecfg reads cfg
   _tile_loadconfig(&cfg);
-}
-
-// Value vectors 2c and 2c + 1 of chunk j as signed bytes: the quantized values themselves.
-template <DType kType>
-TS_BF16_INLINE void signed_value_vectors(const uint8_t* tile, int j, int c, __m512i& v0, __m512i& v1) {
-  constexpr int kOffset = x16_layout(kType).offset;
-  value_vectors<kType>(tile, j, c, v0, v1);
-  if constexpr (kOffset != 0) {
-    const __m512i off = _mm512_set1_epi8(char(kOffset));  // 128 wraps: q + 128 - 128 = q as int8
-    v0 = _mm512_sub_epi8(v0, off);
-    v1 = _mm512_sub_epi8(v1, off);
-  }
 }
 
 // One step's products: A tiles from x's hi and lo terms at a (tile row stride lda, the lo
