@@ -767,20 +767,21 @@ TS_AMX_INT8 void amx_gemv_config(int R, int sub) {
 }
 
 // One product: C = A . B (A: 2R rows of x's terms, lda apart; B: value vectors 64 bytes
-// apart), stored to out. A macro: the tile intrinsics take the tile numbers as literal text.
-#define TS_AMX_PRODUCT(A, B, C, a, lda, w, out) \
-  do {                                          \
-    _tile_loadd(A, a, lda);                     \
-    _tile_loadd(B, w, 64);                      \
-    _tile_zero(C);                              \
-    _tile_dpbssd(C, A, B);                      \
-    _tile_stored(C, out, 64);                   \
+// apart), left in tile C for a later _tile_stored. A macro: the tile intrinsics take the tile
+// numbers as literal text.
+#define TS_AMX_PRODUCT(A, B, C, a, lda, w) \
+  do {                                     \
+    _tile_loadd(A, a, lda);                \
+    _tile_loadd(B, w, 64);                 \
+    _tile_zero(C);                         \
+    _tile_dpbssd(C, A, B);                 \
   } while (0)
 
 // gemv_x16_group for R = kAmxGemvRows rows whose terms are the int8 matrix a (rows [0, R):
-// hi, [R, 2R): lo; row stride K bytes), as a pipeline over rounds: round k + 2's weights are
-// unpacked, round k + 1's products made and round k's dots scaled in the same step, so the
-// AMX unit's latency and the stores it reads and writes overlap the vector unit's work.
+// hi, [R, 2R): lo; laid out by amx_terms), as a pipeline over rounds: round k + 2's weights
+// are unpacked, round k + 1's products started and round k's dots stored and scaled in the
+// same step, so the AMX unit's latency and the stores it reads and writes overlap the vector
+// unit's work.
 template <DType kType>
 TS_AMX_INT8 void gemv_x16_group_amx(const Q8Row* const* x, const int8_t* a, const uint8_t* tiles, int64_t N,
                                     int64_t K, const float* bias, float* const* y, int64_t g, bool prefetch) {
@@ -817,17 +818,28 @@ TS_AMX_INT8 void gemv_x16_group_amx(const Q8Row* const* x, const int8_t* a, cons
     }
   };
   auto dot_round = [&](int64_t k) TS_AMX_INT8 {
-    int32_t(*out)[256] = dots[k & 1];
-    const int8_t* a0 = a + chunk_of(k, 0) * 32;
-    const int8_t* a1 = kHalves ? a0 + 16 : a + chunk_of(k, 1) * 32;
+    const int8_t* a0 = a + chunk_of(k, 0) * (2 * R * 32);
+    const int8_t* a1 = kHalves ? a0 + 16 : a + chunk_of(k, 1) * (2 * R * 32);
     const uint8_t* w0 = unpacked[k % 3][0];
     const uint8_t* w1 = kHalves ? w0 + 256 : unpacked[k % 3][kRound - 1];
     if (k & 1) {
-      TS_AMX_PRODUCT(0, 2, 6, a0, K, w0, out[0]);
-      TS_AMX_PRODUCT(1, 3, 7, a1, K, w1, out[1]);
+      TS_AMX_PRODUCT(0, 2, 6, a0, 32, w0);
+      TS_AMX_PRODUCT(1, 3, 7, a1, 32, w1);
     } else {
-      TS_AMX_PRODUCT(0, 2, 4, a0, K, w0, out[0]);
-      TS_AMX_PRODUCT(1, 3, 5, a1, K, w1, out[1]);
+      TS_AMX_PRODUCT(0, 2, 4, a0, 32, w0);
+      TS_AMX_PRODUCT(1, 3, 5, a1, 32, w1);
+    }
+  };
+  // Round k's dots to memory, issued after round k + 1's products: the AMX unit has had a
+  // round's time to finish them, so the stores do not wait on the products.
+  auto store_round = [&](int64_t k) TS_AMX_INT8 {
+    int32_t(*out)[256] = dots[k & 1];
+    if (k & 1) {
+      _tile_stored(6, out[0], 64);
+      _tile_stored(7, out[1], 64);
+    } else {
+      _tile_stored(4, out[0], 64);
+      _tile_stored(5, out[1], 64);
     }
   };
   auto scale_round = [&](int64_t k) TS_AMX_INT8 {
@@ -858,6 +870,7 @@ TS_AMX_INT8 void gemv_x16_group_amx(const Q8Row* const* x, const int8_t* a, cons
   for (int64_t k = 0; k < rounds; ++k) {
     if (k + 2 < rounds) unpack_round(k + 2);
     if (k + 1 < rounds) dot_round(k + 1);
+    store_round(k);
     scale_round(k);
   }
   for (int r = 0; r < R; ++r) store_group(acc0[r], acc1[r], bias, y[r], g, N);
@@ -1098,16 +1111,18 @@ void gemm_quantized_amx(const Q8Row* const* x, int64_t T, const int8_t* terms, c
     default: fail("cpu kernels: no AVX-512 kernel reads {} weights", dtype_name(w.dtype));
   }
 }
-// x's terms as the AMX GEMV's A matrices: per kAmxGemvRows rows (rows: a multiple of it),
-// their hi rows then their lo rows ([2R][K] int8 each block of R rows).
+// x's terms as the AMX GEMV's A tiles: per block of kAmxGemvRows rows (rows: a multiple of
+// it) and 32-value chunk, 512 bytes: the R rows' hi terms (32 bytes each), then their lo
+// terms. Contiguous, so that a chunk's A tile is 8 whole cache lines read in order.
 void amx_terms(const Q8Row* const* x, int rows, int64_t K, int8_t* out) {
-  for (int r0 = 0; r0 < rows; r0 += kAmxGemvRows) {
-    constexpr int R = kAmxGemvRows;
-    int8_t* block = out + int64_t(r0) * 2 * K;
-    for (int i = 0; i < R; ++i) {
-      std::memcpy(block + int64_t(i) * K, x[r0 + i]->hi.data(), size_t(K));
-      std::memcpy(block + int64_t(R + i) * K, x[r0 + i]->lo.data(), size_t(K));
-    }
+  constexpr int R = kAmxGemvRows;
+  for (int r0 = 0; r0 < rows; r0 += R) {
+    int8_t* at = out + int64_t(r0) * 2 * K;
+    for (int64_t q = 0; q < K / 32; ++q, at += 2 * R * 32)
+      for (int i = 0; i < R; ++i) {
+        std::memcpy(at + i * 32, x[r0 + i]->hi.data() + q * 32, 32);
+        std::memcpy(at + (R + i) * 32, x[r0 + i]->lo.data() + q * 32, 32);
+      }
   }
 }
 
