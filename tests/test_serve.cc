@@ -348,6 +348,39 @@ TEST(ServeScheduler, GreedyEqualsGeneratorAloneAndSideBySide) {
   }
 }
 
+// A client that stops reading (its HTTP thread blocked on a full socket) must not keep its
+// slot generating: after Job::kMaxUnread untaken tokens the scheduler pauses it, the other
+// slot's request runs to its end meanwhile, and the paused one goes on, to the same text it
+// gets alone, once it is read again.
+TEST(ServeScheduler, AStalledReaderPausesItsSlotAndResumes) {
+  Served s(2);
+  const std::vector<int32_t> prompt = s.tok.encode_prompt("The quick brown fox");
+  SamplingParams p = greedy(Job::kMaxUnread + 40);
+  p.logprobs = true;  // the outputs carry the ids: count them
+  auto stalled = std::make_shared<Job>(prompt, p);
+  auto other = std::make_shared<Job>(s.tok.encode_prompt("Once upon a time"), greedy(3 * Job::kMaxUnread));
+  s.sched->submit(stalled);
+  s.sched->submit(other);
+  auto [text, o] = Served::collect(other);  // the other request's whole answer, while `stalled` is not read
+  EXPECT_EQ(o.usage.completion_tokens, 3 * Job::kMaxUnread);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Job::Output first = stalled->take(std::chrono::seconds(5));
+  EXPECT_FALSE(first.done);
+  EXPECT_EQ(int64_t(first.tokens.size()), Job::kMaxUnread) << "generated while nobody read it";
+  std::string all = first.text;
+  Job::Output rest;
+  do {
+    rest = stalled->take(std::chrono::seconds(5));
+    all += rest.text;
+  } while (!rest.done);
+  EXPECT_EQ(rest.usage.completion_tokens, Job::kMaxUnread + 40);
+  CpuRunner r(s.model, two_threads());
+  GenerationOptions g;
+  g.max_new_tokens = int(Job::kMaxUnread + 40);
+  g.stop_on_eos = false;
+  EXPECT_EQ(all, Generator(r, s.tok).generate(prompt, g).text);
+}
+
 // Runs to the end; the ids generated (the request must ask for logprobs, which carry them).
 std::vector<int32_t> collect_ids(const std::shared_ptr<Job>& job) {
   std::vector<int32_t> ids;

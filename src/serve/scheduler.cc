@@ -14,6 +14,7 @@ Job::Output Job::take(Clock::duration wait) {
   Output o;
   o.text.swap(text_);
   o.tokens.swap(tokens_);
+  unread_ = 0;
   o.done = done_;
   o.finish_reason = finish_reason_;
   o.error = error_;
@@ -26,8 +27,14 @@ void Job::emit(const std::string& text, const std::optional<TokenOut>& token) {
     std::lock_guard<std::mutex> l(m_);
     text_ += text;
     if (token) tokens_.push_back(*token);
+    ++unread_;
   }
   cv_.notify_all();
+}
+
+bool Job::backlogged() const {
+  std::lock_guard<std::mutex> l(m_);
+  return unread_ >= kMaxUnread;
 }
 
 void Job::finish(const std::string& reason, const Usage& usage, const std::string& error) {
@@ -289,20 +296,32 @@ void Scheduler::loop() {
       metrics_.gauges(int64_t(queue_.size()), active);
     }
     std::vector<Slot*> decoding;
+    bool worked = false;
     for (Slot& s : slots_) {
       if (!s.job) continue;
       if (s.job->cancelled()) {
         release(s, "cancelled");
+        worked = true;
         continue;
       }
       try {
-        if (!s.decoding()) prefill_step(s);  // one chunk per loop: running streams keep flowing
-        else decoding.push_back(&s);
+        if (!s.decoding()) {
+          prefill_step(s);  // one chunk per loop: running streams keep flowing
+          worked = true;
+        } else if (!s.job->backlogged()) {
+          decoding.push_back(&s);
+        }
       } catch (const std::exception& e) {
         release(s, "error", e.what());
+        worked = true;
       }
     }
+    worked = worked || !decoding.empty();
     decode_step(decoding);
+    if (!worked) {  // every active request is backlogged: look again shortly, or at a new one
+      std::unique_lock<std::mutex> l(m_);
+      cv_.wait_for(l, std::chrono::milliseconds(10), [&] { return stop_ || !queue_.empty(); });
+    }
     {
       // The gauges as this step left them (a request that just finished is no longer active).
       std::lock_guard<std::mutex> l(m_);

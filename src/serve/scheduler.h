@@ -53,15 +53,21 @@ class Job {
   void cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }
 
-  // Scheduler side.
+  // Scheduler side. A request whose reader has left kMaxUnread emits untaken (a client that
+  // stopped reading: the HTTP thread is blocked writing to it) is backlogged: the scheduler
+  // generates nothing more for it until it is read again, so a stalled client holds its
+  // slot's memory but not the step's time; its write timeout then cancels it.
+  static constexpr int64_t kMaxUnread = 64;
+  bool backlogged() const;
   void emit(const std::string& text, const std::optional<TokenOut>& token);
   void finish(const std::string& reason, const Usage& usage, const std::string& error = "");
 
  private:
-  std::mutex m_;
+  mutable std::mutex m_;
   std::condition_variable cv_;
   std::string text_;
   std::vector<TokenOut> tokens_;
+  int64_t unread_ = 0;  // emits since the last take
   bool done_ = false;
   std::string finish_reason_, error_;
   Usage usage_;
