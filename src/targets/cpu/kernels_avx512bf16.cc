@@ -25,8 +25,9 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
-#include <new>
 #include <cstring>
+#include <new>
+#include <type_traits>
 #include <vector>
 
 #include "targets/cpu/kernels_internal.h"
@@ -778,7 +779,7 @@ TS_AMX_INT8 void amx_gemv_config(int R, int sub) {
   } while (0)
 
 // gemv_x16_group for R = kAmxGemvRows rows whose terms are the int8 matrix a (rows [0, R):
-// hi, [R, 2R): lo; laid out by amx_terms), as a pipeline over rounds: round k + 2's weights
+// hi, [R, 2R): lo; laid out by amx_gemv_terms), as a pipeline over rounds: round k + 2's weights
 // are unpacked, round k + 1's products started and round k's dots stored and scaled in the
 // same step, so the AMX unit's latency and the stores it reads and writes overlap the vector
 // unit's work.
@@ -877,7 +878,7 @@ TS_AMX_INT8 void gemv_x16_group_amx(const Q8Row* const* x, const int8_t* a, cons
 }
 
 // Groups [g0, g1) for `rows` (a multiple of kAmxGemvRows) activation rows, kAmxGemvRows at a
-// time (a: their terms, see amx_terms).
+// time (a: their terms, see amx_gemv_terms).
 template <DType kType>
 TS_AMX_INT8 void gemv_x16_amx(const Q8Row* const* x, int rows, const int8_t* a, const uint8_t* tiles, int64_t N,
                               int64_t K, const float* bias, float* const* y, int64_t g0, int64_t g1) {
@@ -909,23 +910,30 @@ void gemv_x16(const Q8Row* const* x, int rows, const int8_t* a, const uint8_t* t
     }
 }
 
-// a: x's terms for the AMX GEMV (amx_terms), or null: the VNNI GEMV.
-void gemv_quantized(const Q8Row* const* x, int rows, const int8_t* a, const WeightMatrix& w, const float* bias,
-                    float* const* y, int64_t g0, int64_t g1) {
-  const uint8_t* t = w.tiles();
+// Calls f(std::integral_constant<DType, t>{}) for w's block type t: the one switch from a
+// matrix to the kernels templated on their block type.
+template <typename F>
+void with_block_type(const WeightMatrix& w, F&& f) {
   switch (w.dtype) {
-    case DType::Q4_0: return gemv_x16<DType::Q4_0>(x, rows, a, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q4_1: return gemv_x16<DType::Q4_1>(x, rows, a, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q5_0: return gemv_x16<DType::Q5_0>(x, rows, a, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q5_1: return gemv_x16<DType::Q5_1>(x, rows, a, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q5_K: return gemv_x16<DType::Q5_K>(x, rows, a, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q8_0: return gemv_x16<DType::Q8_0>(x, rows, a, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q4_K: return gemv_x16<DType::Q4_K>(x, rows, a, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q6_K: return gemv_x16<DType::Q6_K>(x, rows, a, t, w.rows, w.cols, bias, y, g0, g1);
+    case DType::Q4_0: return f(std::integral_constant<DType, DType::Q4_0>{});
+    case DType::Q4_1: return f(std::integral_constant<DType, DType::Q4_1>{});
+    case DType::Q5_0: return f(std::integral_constant<DType, DType::Q5_0>{});
+    case DType::Q5_1: return f(std::integral_constant<DType, DType::Q5_1>{});
+    case DType::Q5_K: return f(std::integral_constant<DType, DType::Q5_K>{});
+    case DType::Q8_0: return f(std::integral_constant<DType, DType::Q8_0>{});
+    case DType::Q4_K: return f(std::integral_constant<DType, DType::Q4_K>{});
+    case DType::Q6_K: return f(std::integral_constant<DType, DType::Q6_K>{});
     default: fail("cpu kernels: no AVX-512 kernel reads {} weights", dtype_name(w.dtype));
   }
 }
 
+// a: x's terms for the AMX GEMV (amx_gemv_terms), or null: the VNNI GEMV.
+void gemv_quantized(const Q8Row* const* x, int rows, const int8_t* a, const WeightMatrix& w, const float* bias,
+                    float* const* y, int64_t g0, int64_t g1) {
+  with_block_type(w, [&](auto type) {
+    gemv_x16<decltype(type)::value>(x, rows, a, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
+  });
+}
 
 // ---- Prefill on quantized weights: AMX-INT8 GEMM, each row the decode GEMV's numbers. x's
 // rows are quantized as for the GEMV (Q8Row); an A tile holds 16 rows' hi terms of one 32-value
@@ -1098,19 +1106,11 @@ TS_AMX_INT8 void gemm_x16_amx(const Q8Row* const* x, int64_t T, const int8_t* te
 
 void gemm_quantized_amx(const Q8Row* const* x, int64_t T, const int8_t* terms, const WeightMatrix& w,
                         const float* bias, float* y, int64_t g0, int64_t g1) {
-  const uint8_t* t = w.tiles();
-  switch (w.dtype) {
-    case DType::Q4_0: return gemm_x16_amx<DType::Q4_0>(x, T, terms, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q4_1: return gemm_x16_amx<DType::Q4_1>(x, T, terms, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q5_0: return gemm_x16_amx<DType::Q5_0>(x, T, terms, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q5_1: return gemm_x16_amx<DType::Q5_1>(x, T, terms, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q5_K: return gemm_x16_amx<DType::Q5_K>(x, T, terms, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q8_0: return gemm_x16_amx<DType::Q8_0>(x, T, terms, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q4_K: return gemm_x16_amx<DType::Q4_K>(x, T, terms, t, w.rows, w.cols, bias, y, g0, g1);
-    case DType::Q6_K: return gemm_x16_amx<DType::Q6_K>(x, T, terms, t, w.rows, w.cols, bias, y, g0, g1);
-    default: fail("cpu kernels: no AVX-512 kernel reads {} weights", dtype_name(w.dtype));
-  }
+  with_block_type(w, [&](auto type) {
+    gemm_x16_amx<decltype(type)::value>(x, T, terms, w.tiles(), w.rows, w.cols, bias, y, g0, g1);
+  });
 }
+
 // Row r's terms where the AMX GEMV reads them as A tiles: per block of kAmxGemvRows rows and
 // 32-value chunk, 512 bytes: the R rows' hi terms (32 bytes each), then their lo terms.
 // Contiguous, so that a chunk's A tile is 8 whole cache lines read in order.
