@@ -1,5 +1,6 @@
-// Hand-written AVX-512 BF16 matmul (vdpbf16ps) and, for quantized weights, AVX-512 VNNI
-// GEMV (vpdpbusd), selected at run time by cpuid. Highway
+// Hand-written AVX-512 BF16 matmul (vdpbf16ps, AMX-BF16 for prefill) and, for quantized
+// weights, the AVX-512 VNNI GEMV (vpdpbusd) with AMX-INT8 for several rows (the batched GEMV
+// and the prefill GEMM), selected at run time by cpuid. Highway
 // 1.0.3 has no dot-product-of-bf16 op, so this path uses intrinsics under function target
 // attributes; the file compiles without any special flags.
 //
