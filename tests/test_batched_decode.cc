@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "io/gguf_quantize.h"
+#include "convert/gguf_quantize.h"
 #include "io/quant_plan.h"
-#include "io/weights.h"
+#include "model/weights.h"
 #include "targets/cpu/cpu_runner.h"
 #include "test_support.h"
 #include "util/error.h"

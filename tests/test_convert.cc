@@ -9,8 +9,8 @@
 #include <filesystem>
 
 #include "io/gguf.h"
-#include "io/gguf_export.h"
-#include "io/weights.h"
+#include "convert/gguf_export.h"
+#include "model/weights.h"
 #include "oracle/oracle.h"
 #include "synth/synth.h"
 #include "tokenizer/tokenizer.h"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "util/error.h"
-#include "io/weights.h"
+#include "model/weights.h"
 #include "model/spec.h"
 #include "oracle/ops.h"
 #include "targets/cpu/kernels.h"

@@ -10,8 +10,8 @@
 #include <random>
 #include <vector>
 
-#include "io/gguf_quantize.h"
-#include "io/weights.h"
+#include "convert/gguf_quantize.h"
+#include "model/weights.h"
 #include "synth/synth.h"
 #include "targets/cpu/cpu_runner.h"
 #include "targets/target.h"

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "io/weights.h"
+#include "model/weights.h"
 #include "targets/target.h"
 #include "runtime/chat_session.h"
 #include "runtime/generate.h"

@@ -12,7 +12,7 @@
 
 #include "io/gguf.h"
 #include "io/gguf_writer.h"
-#include "io/weights.h"
+#include "model/weights.h"
 #include "util/error.h"
 #include "util/mapped_file.h"
 #include "test_support.h"

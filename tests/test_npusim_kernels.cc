@@ -11,7 +11,7 @@
 #include <random>
 
 #include "gates/gates.h"
-#include "io/weights.h"
+#include "model/weights.h"
 #include "oracle/ops.h"
 #include "targets/npusim/checker.h"
 #include "targets/npusim/mappings.h"

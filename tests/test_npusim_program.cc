@@ -8,7 +8,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "io/weights.h"
+#include "model/weights.h"
 #include "pipeline/deploy.h"
 #include "model/presets.h"
 #include "targets/npusim/checker.h"

@@ -11,10 +11,10 @@
 #include <random>
 #include <set>
 
-#include "io/gguf_quantize.h"
+#include "convert/gguf_quantize.h"
 #include "io/quant_plan.h"
 #include "io/quantize.h"
-#include "io/weights.h"
+#include "model/weights.h"
 #include "model/presets.h"
 #include "pipeline/deploy.h"
 #include "synth/synth.h"

@@ -7,7 +7,7 @@
 #include <set>
 
 #include "io/gguf_writer.h"
-#include "io/weights.h"
+#include "model/weights.h"
 #include "model/tensors.h"
 #include "oracle/ops.h"
 #include "oracle/oracle.h"

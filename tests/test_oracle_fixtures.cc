@@ -10,7 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "io/weights.h"
+#include "model/weights.h"
 #include "oracle/oracle.h"
 #include "synth/synth.h"
 #include "test_support.h"

@@ -16,7 +16,7 @@
 
 #include "eval/perplexity.h"
 #include "gates/gates.h"
-#include "io/weights.h"
+#include "model/weights.h"
 #include "targets/registry.h"
 #include "test_support.h"
 #include "tokenizer/tokenizer.h"

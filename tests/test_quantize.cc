@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "io/gguf.h"
-#include "io/gguf_quantize.h"
+#include "convert/gguf_quantize.h"
 #include "io/quant_plan.h"
 #include "io/quantize.h"
-#include "io/weights.h"
+#include "model/weights.h"
 #include "model/presets.h"
 #include "synth/synth.h"
 #include "test_support.h"

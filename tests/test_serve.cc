@@ -10,9 +10,9 @@
 #include <cmath>
 #include <thread>
 
-#include "io/gguf_quantize.h"
+#include "convert/gguf_quantize.h"
 #include "io/quant_plan.h"
-#include "io/weights.h"
+#include "model/weights.h"
 #include "runtime/generate.h"
 #include "runtime/sampler.h"
 #include "serve/http_server.h"

@@ -17,7 +17,7 @@
 
 #include "io/gguf.h"
 #include "io/safetensors.h"
-#include "io/weights.h"
+#include "model/weights.h"
 #include "model/default_model.h"
 #include "model/presets.h"
 #include "model/spec.h"

@@ -16,7 +16,7 @@
 
 #include "io/gguf.h"
 #include "io/gguf_writer.h"
-#include "io/weights.h"
+#include "model/weights.h"
 #include "synth/synth.h"
 #include "test_support.h"
 #include "tokenizer/byte_level.h"

@@ -1,4 +1,4 @@
-// `tessera convert`: a model written as a BF16 GGUF that llama.cpp loads (see io/gguf_export.h).
+// `tessera convert`: a model written as a BF16 GGUF that llama.cpp loads (see convert/gguf_export.h).
 #include <fmt/format.h>
 
 #include <unistd.h>
@@ -8,8 +8,8 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "io/gguf_export.h"
-#include "io/weights.h"
+#include "convert/gguf_export.h"
+#include "model/weights.h"
 #include "model/default_model.h"
 #include "util/error.h"
 

@@ -13,7 +13,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "io/weights.h"
+#include "model/weights.h"
 #include "model/default_model.h"
 #include "oracle/oracle.h"
 #include "tokenizer/tokenizer.h"

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "io/weights.h"
+#include "model/weights.h"
 #include "model/default_model.h"
 #include "pipeline/op_table.h"
 #include "util/error.h"

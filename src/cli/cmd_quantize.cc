@@ -1,5 +1,5 @@
 // `tessera quantize`: a model written as a quantized GGUF that tessera and llama.cpp load
-// (see io/gguf_quantize.h).
+// (see convert/gguf_quantize.h).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "cli/commands.h"
-#include "io/gguf_quantize.h"
-#include "io/weights.h"
+#include "convert/gguf_quantize.h"
+#include "model/weights.h"
 #include "util/error.h"
 
 namespace tessera::cli {

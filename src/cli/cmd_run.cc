@@ -9,7 +9,7 @@
 #include <optional>
 
 #include "cli/commands.h"
-#include "io/weights.h"
+#include "model/weights.h"
 #include "model/default_model.h"
 #include "pipeline/executor.h"
 #include "runtime/chat_session.h"

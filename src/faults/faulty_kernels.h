@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 
-#include "io/weights.h"
+#include "model/weights.h"
 
 namespace tessera::faulty {
 

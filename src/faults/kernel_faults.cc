@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "faults/faulty_kernels.h"
-#include "io/layer_params.h"
+#include "model/layer_params.h"
 #include "oracle/ops.h"
 
 namespace tessera {

@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "io/weights.h"
+#include "model/weights.h"
 #include "model/spec.h"
 #include "oracle/numerics.h"
 

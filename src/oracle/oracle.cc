@@ -2,7 +2,7 @@
 
 #include <string_view>
 
-#include "io/layer_params.h"
+#include "model/layer_params.h"
 #include "oracle/ops.h"
 #include "util/error.h"
 #include "util/parallel.h"

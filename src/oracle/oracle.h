@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "io/layer_params.h"
-#include "io/weights.h"
+#include "model/layer_params.h"
+#include "model/weights.h"
 
 namespace tessera {
 

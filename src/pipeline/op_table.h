@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "gates/gates.h"
-#include "io/weights.h"
+#include "model/weights.h"
 #include "oracle/numerics.h"
 #include "targets/staged_runner.h"
 

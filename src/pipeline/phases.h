@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "gates/gates.h"
-#include "io/weights.h"
+#include "model/weights.h"
 #include "pipeline/deployment.h"
 #include "targets/staged_runner.h"
 #include "tokenizer/tokenizer.h"

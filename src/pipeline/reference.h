@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "io/weights.h"
+#include "model/weights.h"
 #include "pipeline/phases.h"
 
 namespace tessera {

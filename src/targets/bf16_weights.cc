@@ -1,6 +1,6 @@
 #include "targets/bf16_weights.h"
 
-#include "io/weights.h"
+#include "model/weights.h"
 #include "util/error.h"
 #include "util/half.h"
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "io/layer_params.h"
+#include "model/layer_params.h"
 #include "targets/bf16_weights.h"
 #include "targets/staged_runner.h"
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "io/weights.h"
+#include "model/weights.h"
 #include "oracle/oracle.h"
 
 namespace tessera {

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "io/weights.h"
+#include "model/weights.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/tokenizer_data.h"
 #include "tokenizer/unicode.h"

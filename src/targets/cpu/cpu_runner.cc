@@ -10,7 +10,7 @@
 #include <cmath>
 #include <string_view>
 
-#include "io/layer_params.h"
+#include "model/layer_params.h"
 #include "model/tensors.h"
 #include "oracle/ops.h"
 #include "util/error.h"

@@ -9,7 +9,7 @@
 #include <new>
 #include <set>
 
-#include "io/weights.h"
+#include "model/weights.h"
 #include "targets/cpu/quant.h"
 #include "util/error.h"
 #include "util/mapped_file.h"

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "io/weights.h"
+#include "model/weights.h"
 #include "util/error.h"
 
 namespace tessera::npusim {

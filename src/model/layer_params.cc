@@ -1,4 +1,4 @@
-#include "io/layer_params.h"
+#include "model/layer_params.h"
 
 #include "model/tensors.h"
 

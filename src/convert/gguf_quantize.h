@@ -1,5 +1,5 @@
 // A model (Hugging Face directory, or an F32/F16/BF16 GGUF) written as a quantized GGUF:
-// the export of io/gguf_export.h (same names, order, q/k permutation, metadata, tokenizer)
+// the export of convert/gguf_export.h (same names, order, q/k permutation, metadata, tokenizer)
 // with each tensor's type chosen by io/quant_plan.h and encoded by io/quantize.h.
 #pragma once
 #include <cstdint>
@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "io/gguf_export.h"
+#include "convert/gguf_export.h"
 #include "io/quant_plan.h"
-#include "io/weights.h"
+#include "model/weights.h"
 
 namespace tessera {
 

@@ -1,4 +1,4 @@
-#include "io/gguf_quantize.h"
+#include "convert/gguf_quantize.h"
 
 #include <fmt/format.h>
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "io/weights.h"
+#include "model/weights.h"
 
 namespace tessera {
 

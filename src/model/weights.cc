@@ -1,4 +1,4 @@
-#include "io/weights.h"
+#include "model/weights.h"
 
 #include <algorithm>
 #include <filesystem>

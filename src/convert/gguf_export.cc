@@ -1,4 +1,4 @@
-#include "io/gguf_export.h"
+#include "convert/gguf_export.h"
 
 #include <algorithm>
 #include <cmath>
