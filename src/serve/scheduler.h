@@ -77,11 +77,12 @@ class Job {
 // The cpu kernels pick their path by the rows of a call (bf16 weights: T == 1 the decode
 // GEMV, 1 < T < 16 dot-product tiles, T >= 16 the packed GEMM or AMX; attention changes path
 // at 8; only quantized matmuls compute a row the same at every T), so one row computed in
-// calls of other sizes can differ in its last bits. A row's result does not depend on T within the T >= 16
-// paths, so the scheduler keeps every prefill call at 16 rows or more (a prompt shorter
-// than that runs whole, as `tessera run` runs it) and reuses cached rows only where they
-// came from such a call: a greedy answer then equals `tessera run`'s bit for bit, with
-// chunked prefill and prefix reuse (tests: ServeScheduler.*, tests/serve_e2e.py).
+// calls of other sizes can differ in its last bits. A row's result does not depend on T
+// within the T >= 16 paths, so the scheduler keeps every prefill call at 16 rows or more
+// (a prompt shorter than that runs whole, as `tessera run` runs it) and reuses cached rows
+// only where they came from such a call: a greedy answer then equals `tessera run`'s bit
+// for bit, with chunked prefill and prefix reuse (tests: ServeScheduler.*,
+// tests/serve_e2e.py).
 constexpr size_t kMinPrefillRows = 16;
 
 struct SchedulerOptions {
