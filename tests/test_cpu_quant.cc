@@ -86,6 +86,14 @@ void for_each_isa(F&& body) {
   cpu::set_isa("auto");
 }
 
+// n bf16 values of randn(n, seed) * 0.05: a bf16 weight matrix beside the quantized ones.
+std::vector<uint16_t> small_bf16(size_t n, uint32_t seed) {
+  const auto v = randn(n, seed);
+  std::vector<uint16_t> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(v[i] * 0.05f);
+  return out;
+}
+
 const DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
                         DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
@@ -221,9 +229,7 @@ TEST(CpuQuant, PortableGemvIsThePlainLoopsBitForBit) {
 TEST(CpuQuant, BatchedGemvRowsAreTheOneRowGemvBitForBit) {
   cpu::ThreadPool pool(2);
   const int64_t K = 512, Na = 53, Nb = 40;
-  std::vector<uint16_t> bf(size_t(Nb * K));
-  const auto bfv = randn(bf.size(), 30);
-  for (size_t i = 0; i < bf.size(); ++i) bf[i] = f32_to_bf16(bfv[i] * 0.05f);
+  const std::vector<uint16_t> bf = small_bf16(size_t(Nb * K), 30);
   const cpu::WeightMatrix wb = Bf16Matrix{bf.data(), Nb, K};
   for (DType t : kTypes) {
     SCOPED_TRACE(dtype_name(t));
@@ -262,9 +268,7 @@ TEST(CpuQuant, BatchedGemvRowsAreTheOneRowGemvBitForBit) {
 TEST(CpuQuant, PrefillRowsAreTheOneRowGemvBitForBit) {
   cpu::ThreadPool pool(2);
   const int64_t K = 512, Na = 53, Nb = 40;
-  std::vector<uint16_t> bf(size_t(Nb * K));
-  const auto bfv = randn(bf.size(), 40);
-  for (size_t i = 0; i < bf.size(); ++i) bf[i] = f32_to_bf16(bfv[i] * 0.05f);
+  const std::vector<uint16_t> bf = small_bf16(size_t(Nb * K), 40);
   const cpu::WeightMatrix wb = Bf16Matrix{bf.data(), Nb, K};
   for (DType t : kTypes) {
     SCOPED_TRACE(dtype_name(t));

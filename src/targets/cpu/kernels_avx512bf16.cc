@@ -1273,9 +1273,8 @@ void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> out
   // Row stride of the bf16 activations: K padded to 32, plus 32 so that rows are not a power
   // of two apart (which would alias cache sets for K = 2048, 8192, ...).
   const int64_t Kp = (K + 31) / 32 * 32 + 32;
-  std::vector<MatmulOut> quantized, bf16;
-  for (const MatmulOut& o : outs) (o.w->quantized() ? quantized : bf16).push_back(o);
-  const bool any_bf16 = !bf16.empty();
+  bool any_bf16 = false;
+  for (const MatmulOut& o : outs) any_bf16 = any_bf16 || !o.w->quantized();
   thread_local std::vector<uint16_t> xb_buf;
   uint16_t* xb = nullptr;
   if (any_bf16) {
@@ -1288,7 +1287,9 @@ void matmul_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut> out
     else
       convert_rows(x, T, K, Kp, xb);
   }
-  if (T == 1) return gemv_outs(x, 1, xb, Kp, outs, pool);
+  if (T == 1) return gemv_outs(x, 1, xb, Kp, outs, pool);  // decode: no allocation on its path
+  std::vector<MatmulOut> quantized, bf16;
+  for (const MatmulOut& o : outs) (o.w->quantized() ? quantized : bf16).push_back(o);
   if (!quantized.empty()) matmul_quantized(x, T, quantized, pool);
   for (const MatmulOut& o : bf16) {
     const WeightMatrix& w = *o.w;
