@@ -177,8 +177,9 @@ TEST(CpuKernels, AmxAgreesWithAvx512Bf16) {
   struct Shape {
     int64_t T, N, K;
   };
-  for (const Shape s : {Shape{16, 16, 32}, Shape{17, 50, 129}, Shape{33, 70, 576}, Shape{64, 96, 576},
-                        Shape{100, 130, 1100}, Shape{600, 40, 300}}) {
+  // T = 1: the decode GEMV (AMX-BF16 where K is whole 32-value chunks), a partial last group.
+  for (const Shape s : {Shape{1, 50, 576}, Shape{1, 37, 2080}, Shape{16, 16, 32}, Shape{17, 50, 129},
+                        Shape{33, 70, 576}, Shape{64, 96, 576}, Shape{100, 130, 1100}, Shape{600, 40, 300}}) {
     SCOPED_TRACE("T=" + std::to_string(s.T) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K));
     const auto wdata = randn_bf16(size_t(s.N * s.K), uint32_t(s.N + s.K), 0.05f);
     const auto x = randn(size_t(s.T * s.K), uint32_t(s.T));

@@ -237,7 +237,7 @@ TEST(CpuQuant, BatchedGemvRowsAreTheOneRowGemvBitForBit) {
     CpuWeightStore store;
     const cpu::WeightMatrix& wa = store.load(file_weight("a", t, bytes, Na, K));
     const auto bias = randn(size_t(Na), 32);
-    for (const int64_t T : {1, 2, 5, 9, 16}) {  // on AMX: one tile of rows, part of one, two
+    for (const int64_t T : {1, 2, 5, 9, 16, 20}) {  // on AMX: one tile of rows, part of one, two
       SCOPED_TRACE("T=" + std::to_string(T));
       auto x = randn(size_t(T * K), uint32_t(33 + T));
       x[3] *= 50;

@@ -1112,6 +1112,121 @@ void gemm_quantized_amx(const Q8Row* const* x, int64_t T, const int8_t* terms, c
   });
 }
 
+// ---- The bf16 decode GEMV on AMX-BF16 (1 to 16 activation rows). A bf16 weight matrix's
+// rows are row-major, which is what an A tile holds: 16 weight rows x 32 values, loaded in
+// place. The activation rows, their values interleaved in pairs (B[kp][2r + e] =
+// x[r][32q + 2kp + e]), are the B tile (R <= 16 columns). One TDPBF16PS per 16 x 32 weights
+// makes every row's partial dots whatever R is, so the compute no longer grows with R.
+// Measured (tessera_kernel_bench --only bgemv, 2 threads, [2048 x 2048] out of cache), 1 / 8 /
+// 16 rows: 355 / 391 / 518 us, against the `vdpbf16ps` GEMV's 353 / 681 / 1037. Chunk q accumulates into C tile 4 + q % 4, summed (C4 + C5) + (C6 + C7) at the
+// end: each output's order of operations depends on K alone, so a row alone and in a batch
+// gives the same numbers bit for bit (bf16 products, fp32 sums: the GEMM's numerics class).
+constexpr int kAmxBf16Rows = 16;  // activation rows per B tile
+
+// Whether the AMX-BF16 GEMV reads a bf16 matrix of K columns (its chunks are whole: the A
+// tiles read rows in place, 32 values at a time).
+bool amx_bf16_gemv(int64_t K) { return use_amx() && K % 32 == 0; }
+
+// Activation row r (bf16, x) where the B tiles of its block of kAmxBf16Rows rows (R of them)
+// hold it: per 32-value chunk, 16 pair rows of R columns (4 bytes each). One row alone is its
+// own B tiles (R = 1: the pairs in order), so only batches are laid out.
+TS_AMX void amx_bf16_terms(const uint16_t* x, int r, int R, int64_t K, uint32_t* block) {
+  const __m512i at = _mm512_mullo_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(R));
+  for (int64_t q = 0; q < K / 32; ++q)
+    _mm512_i32scatter_epi32(block + q * 16 * R + r, at, _mm512_loadu_si512(x + q * 32), 4);
+}
+
+TS_AMX void amx_bf16_gemv_config(int R, int rows) {
+  AmxConfig cfg;
+  for (int i = 0; i < 2; ++i) {
+    cfg.colsb[i] = 64;  // A: weight rows x 32 bf16
+    cfg.rows[i] = uint8_t(rows);
+    cfg.colsb[2 + i] = uint16_t(R * 4);  // B: 16 pair rows x R columns
+    cfg.rows[2 + i] = 16;
+  }
+  for (int i = 4; i < 8; ++i) {
+    cfg.colsb[i] = uint16_t(R * 4);  // C: weight rows x R fp32
+    cfg.rows[i] = uint8_t(rows);
+  }
+  asm volatile("" : : "r"(&cfg) : "memory");  // as amx_begin: ldtilecfg reads cfg
+  _tile_loadconfig(&cfg);
+}
+
+// y[r][n, n + rows) for R activation rows whose B tiles are xt, weight rows n.. of w.
+TS_AMX void amx_bf16_gemv_group(const uint32_t* xt, int R, const uint16_t* w, int64_t K, int64_t n, int rows,
+                                const float* bias, float* const* y) {
+  const int64_t chunks = K / 32, ldw = K * 2, ldx = R * 4;
+  const uint16_t* a = w + n * K;
+  _tile_zero(4);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_zero(7);
+  // The weights' 16 row streams, 4 KiB ahead of each (the prefetchers stop at page ends).
+  auto prefetch = [&](int64_t q) TS_AMX {
+    for (int i = 0; i < rows; ++i) _mm_prefetch(reinterpret_cast<const char*>(a + i * K + q * 32) + 4096, _MM_HINT_T1);
+  };
+  int64_t q = 0;
+  for (; q + 4 <= chunks; q += 4) {
+    prefetch(q);
+    prefetch(q + 2);
+    _tile_loadd(0, a + q * 32, ldw);
+    _tile_loadd(2, xt + q * 16 * R, ldx);
+    _tile_dpbf16ps(4, 0, 2);
+    _tile_loadd(1, a + (q + 1) * 32, ldw);
+    _tile_loadd(3, xt + (q + 1) * 16 * R, ldx);
+    _tile_dpbf16ps(5, 1, 3);
+    _tile_loadd(0, a + (q + 2) * 32, ldw);
+    _tile_loadd(2, xt + (q + 2) * 16 * R, ldx);
+    _tile_dpbf16ps(6, 0, 2);
+    _tile_loadd(1, a + (q + 3) * 32, ldw);
+    _tile_loadd(3, xt + (q + 3) * 16 * R, ldx);
+    _tile_dpbf16ps(7, 1, 3);
+  }
+  // The last chunks (K / 32 not a multiple of 4) go to C tiles 4, 5, 6 in order.
+  if (q < chunks) {
+    _tile_loadd(0, a + q * 32, ldw);
+    _tile_loadd(2, xt + q * 16 * R, ldx);
+    _tile_dpbf16ps(4, 0, 2);
+    ++q;
+  }
+  if (q < chunks) {
+    _tile_loadd(1, a + q * 32, ldw);
+    _tile_loadd(3, xt + q * 16 * R, ldx);
+    _tile_dpbf16ps(5, 1, 3);
+    ++q;
+  }
+  if (q < chunks) {
+    _tile_loadd(0, a + q * 32, ldw);
+    _tile_loadd(2, xt + q * 16 * R, ldx);
+    _tile_dpbf16ps(6, 0, 2);
+  }
+  alignas(64) float c[4][16 * kAmxBf16Rows];
+  _tile_stored(4, c[0], ldx);
+  _tile_stored(5, c[1], ldx);
+  _tile_stored(6, c[2], ldx);
+  _tile_stored(7, c[3], ldx);
+  for (int i = 0; i < rows; ++i)
+    for (int r = 0; r < R; ++r) {
+      const int e = i * R + r;
+      float s = (c[0][e] + c[1][e]) + (c[2][e] + c[3][e]);
+      if (bias) s += bias[n + i];
+      y[r][n + i] = s;
+    }
+}
+
+// Weight rows [n0, n1) (n0 a multiple of 16) for R activation rows (xt: amx_bf16_terms).
+TS_AMX void amx_bf16_gemv_range(const uint32_t* xt, int R, const uint16_t* w, int64_t K, const float* bias,
+                                float* const* y, int64_t n0, int64_t n1) {
+  int configured = 0;
+  for (int64_t n = n0; n < n1; n += 16) {
+    const int rows = int(std::min<int64_t>(16, n1 - n));
+    if (rows != configured) amx_bf16_gemv_config(R, configured = rows);
+    amx_bf16_gemv_group(xt, R, w, K, n, rows, bias, y);
+  }
+  _tile_release();
+}
+
 // Row r's terms where the AMX GEMV reads them as A tiles: per block of kAmxGemvRows rows and
 // 32-value chunk, 512 bytes: the R rows' hi terms (32 bytes each), then their lo terms.
 // Contiguous, so that a chunk's A tile is 8 whole cache lines read in order.
@@ -1149,13 +1264,30 @@ void gemv_outs(const float* x, int64_t rows, const uint16_t* xb, int64_t Kp, std
     xq[size_t(r)] = xq_rows + r;
     xr[size_t(r)] = xb ? xb + r * Kp : nullptr;
   }
-  // x quantized (and laid out as A tiles) by every thread: serial, 8 rows of 2048 would cost
-  // 14 us, a sixth of an 8-row GEMV of a [2048 x 2048] Q4_0 matrix.
-  if (any_quantized) {
+  // Rows on bf16 weights: the AMX-BF16 GEMV, which reads x's rows as B tiles, blocks of
+  // kAmxBf16Rows rows (one row alone: its bf16 copy as it is).
+  bool any_bf16 = false;
+  for (const MatmulOut& o : outs) any_bf16 = any_bf16 || !o.w->quantized();
+  const bool bf16_amx = any_bf16 && amx_bf16_gemv(K);
+  const int64_t bt_block = K / 32 * 16 * kAmxBf16Rows;  // uint32 per block of rows
+  thread_local std::vector<uint32_t, AlignedAlloc<uint32_t>> bt_buf;
+  if (bf16_amx && rows > 1) {
+    const size_t need = size_t((rows + kAmxBf16Rows - 1) / kAmxBf16Rows * bt_block);
+    if (bt_buf.size() < need) bt_buf.resize(need);
+  }
+  uint32_t* bt = bt_buf.data();
+  auto block_rows = [&](int64_t blk) { return int(std::min<int64_t>(kAmxBf16Rows, rows - blk * kAmxBf16Rows)); };
+  // x quantized (and laid out as A or B tiles) by every thread: serial, 8 rows of 2048 would
+  // cost 14 us, a sixth of an 8-row GEMV of a [2048 x 2048] Q4_0 matrix.
+  if (any_quantized || (bf16_amx && rows > 1)) {
     auto quantize = [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
-        xq_rows[r].quantize(x + r * K, K);
+        if (any_quantized) xq_rows[r].quantize(x + r * K, K);
         if (r < on_amx) amx_gemv_terms(xq_rows[r], r, K, terms_data);
+        if (bf16_amx && rows > 1) {
+          const int64_t blk = r / kAmxBf16Rows;
+          amx_bf16_terms(xr[size_t(r)], int(r % kAmxBf16Rows), block_rows(blk), K, bt + blk * bt_block);
+        }
       }
     };
     if (rows > 1)
@@ -1185,6 +1317,12 @@ void gemv_outs(const float* x, int64_t rows, const uint16_t* xb, int64_t Kp, std
           const int64_t b0 = b - first[i], b1 = std::min(e, first[i + 1]) - first[i];
           if (o.w->quantized())
             gemv_quantized(xq.data(), int(rows), terms, *o.w, o.bias, y.data(), b0, b1);
+          else if (bf16_amx)
+            for (int64_t blk = 0; blk * kAmxBf16Rows < rows; ++blk) {
+              const uint32_t* xt = rows > 1 ? bt + blk * bt_block : reinterpret_cast<const uint32_t*>(xr[0]);
+              amx_bf16_gemv_range(xt, block_rows(blk), o.w->bf16().data, K, o.bias, y.data() + blk * kAmxBf16Rows,
+                                  b0 * 16, std::min(o.w->rows, b1 * 16));
+            }
           else
             gemv_range(xr.data(), int(rows), o.w->bf16().data, K, o.bias, y.data(), b0 * 16,
                        std::min(o.w->rows, b1 * 16));
