@@ -213,12 +213,14 @@ void run_bench(const BenchArgs& a) {
         }
         runner.select_sequence(0);
         const auto t0 = std::chrono::steady_clock::now();
+        if (cpu_runner) cpu_runner->clear_profile();
         for (int t = 0; t < a.decode_tokens; ++t) {
           const std::vector<int32_t> step(size_t(B), ids[size_t(C + t)]);
           runner.decode_batch(seqs, step);
         }
         tps.push_back(double(B) * a.decode_tokens / seconds_since(t0));
       }
+      report_profile(fmt::format("decode of {} sequences@{}", B, C), int64_t(B) * a.decode_tokens);
       out["decode_batch"].push_back({{"batch", B}, {"context", C}, {"tokens_per_s", median(tps)}, {"samples", tps}});
       say(fmt::format("  decode of {:>2} sequences at context {:>4}: {:8.1f} tok/s in all, {:.1f} per sequence", B, C,
                       median(tps), median(tps) / B));
@@ -255,7 +257,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--isa", a->isa,
                   "cpu target: force a kernel path, to compare them on one machine (auto, amx, avx512bf16, hwy, or a "
                   "Highway target: AVX3, AVX2, SSE4, EMU128; as cpu::set_isa)");
-  cmd->add_flag("--profile", a->profile, "cpu target: also report wall time per stage for decode (the last repeat)");
+  cmd->add_flag("--profile", a->profile, "cpu target: also report wall time per stage for decode and each --batch (the last repeat; per token, so a batch divides its step by its rows)");
   cmd->callback([a] { run_bench(*a); });
 }
 
