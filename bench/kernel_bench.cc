@@ -26,6 +26,7 @@ bool g_quick = false;
 std::string g_only;      // "", "gemv", "qgemv", "bgemv", "gemm", "qgemm", "attn", "pool", "bw"
 int g_threads = 0;       // 0: 1 and 2
 std::string g_path;      // "": every path
+int64_t g_bgemv_n = 2048, g_bgemv_k = 2048;  // bgemv's matrix (--shape NxK)
 bool want(const char* what) { return g_only.empty() || g_only == what; }
 
 // Best time of repeated runs of fn, in seconds (runs for at least `min_s` in total).
@@ -182,7 +183,7 @@ void bench_qgemv(ThreadPool& pool, double bw) {
 // one stream is bounded by this ratio.
 void bench_batched_gemv(ThreadPool& pool) {
   using tessera::DType;
-  constexpr int64_t N = 2048, K = 2048;
+  const int64_t N = g_bgemv_n, K = g_bgemv_k;
   std::printf("  batched gemv [%ld x %ld], out of cache: us per call (rows/s vs T = 1)\n", long(N), long(K));
   for (DType t : {DType::BF16, DType::Q4_0, DType::Q8_0, DType::Q4_K}) {
     const bool bf16 = t == DType::BF16;
@@ -328,8 +329,9 @@ int main(int argc, char** argv) {
     else if (a == "--only" && i + 1 < argc) g_only = argv[++i];
     else if (a == "--threads" && i + 1 < argc) g_threads = std::atoi(argv[++i]);
     else if (a == "--path" && i + 1 < argc) g_path = argv[++i];
+    else if (a == "--shape" && i + 1 < argc && std::sscanf(argv[i + 1], "%ldx%ld", &g_bgemv_n, &g_bgemv_k) == 2) ++i;
     else {
-      std::fprintf(stderr, "usage: tessera_kernel_bench [--quick] [--only gemv|qgemv|bgemv|gemm|qgemm|attn|pool|bw] [--threads N] [--path P]\n");
+      std::fprintf(stderr, "usage: tessera_kernel_bench [--quick] [--only gemv|qgemv|bgemv|gemm|qgemm|attn|pool|bw] [--threads N] [--path P] [--shape NxK (bgemv; default 2048x2048)]\n");
       return 2;
     }
   }
