@@ -113,10 +113,10 @@ TEST(DataPaths, AMissingDefaultModelNamesEveryPlaceSearched) {
   isolate(env, tmp.path() / "home");
   env.set("TESSERA_DATA_DIR", tmp.str("data"));
   try {
-    resolve_model_path("");
-    // The build tree's models/ (through tessera-data-dirs.txt) may hold it: then it was found.
-    SUCCEED();
-    return;
+    const std::string found = resolve_model_path("");
+    // The build tree's models/ (through tessera-data-dirs.txt) holds it once setup.sh ran;
+    // InstallRelocatable checks this error with an installed binary.
+    GTEST_SKIP() << "the default model was found at " << found << " (the build tree's data)";
   } catch (const Error& e) {
     const std::string msg = e.what();
     for (const std::string& place : default_model_candidates())
