@@ -2,10 +2,10 @@
 # The relocatable install: `cmake --install BUILD --prefix P` into a temporary prefix, then
 # `tessera inspect`, `synth` (a tiny preset), `deploy` (cpu) and `run` from another directory
 # with the source tree out of reach: HOME and the XDG directories point into a temporary
-# directory seeded only by the install and the default model (plus phase 0's references,
-# as scripts/setup.sh does, which phase 0 must use), no TESSERA_* variable is set, the installed binary must not
-# contain the source or build directory's path, and where `unshare` allows it the source
-# tree, the build tree and ../shared are hidden under empty tmpfs mounts.
+# directory seeded only by the install and the default model (plus phase 0's references, as
+# scripts/setup.sh does, which phase 0 must use), no TESSERA_* variable is set, the installed
+# binary must not contain the source or build directory's path, and where `unshare` allows it
+# the source tree, the build tree and ../shared are hidden under empty tmpfs mounts.
 # Usage: tests/install_test.sh BUILD_DIR SOURCE_DIR. Exit 77 (skipped) with the reason when
 # something it needs is missing.
 set -euo pipefail
