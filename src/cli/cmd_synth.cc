@@ -53,7 +53,8 @@ void add_synth_command(CLI::App& app) {
       });
   cmd->add_option("--tokenizers", opts->tokenizers_dir,
                   "Folder with llama3/ and qwen3/ tokenizer files (default: $TESSERA_TOKENIZERS "
-                  "or the shared data folder)");
+                  "or tokenizers/ in the data search path: $TESSERA_DATA_DIR, "
+                  "$XDG_DATA_HOME/tessera, <prefix>/share/tessera)");
 
   cmd->callback([opts, list] {
     if (*list) {

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "pipeline/deployment.h"
+#include "util/data_paths.h"
 #include "util/sha256.h"
 
 namespace tessera {
@@ -28,10 +29,7 @@ std::vector<std::string> reference_search_path() {
       at = colon + 1;
     }
   }
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  if (xdg && *xdg) out.push_back((fs::path(xdg) / "tessera" / "references").string());
-  else if (home && *home) out.push_back((fs::path(home) / ".cache" / "tessera" / "references").string());
+  if (const fs::path cache = cache_dir(); !cache.empty()) out.push_back((cache / "references").string());
   return out;
 }
 

@@ -19,6 +19,7 @@
 #include "io/safetensors.h"
 #include "model/default_model.h"
 #include "model/presets.h"
+#include "util/data_paths.h"
 #include "util/error.h"
 #include "util/half.h"
 
@@ -212,9 +213,11 @@ uint64_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-std::string default_tokenizers_dir() {
-  if (const char* env = std::getenv("TESSERA_TOKENIZERS"); env && *env) return env;
-  return std::string(TESSERA_SOURCE_DIR) + "/../shared/data/tokenizers";
+// The places the tokenizer folder (llama3/, qwen3/) is looked for: $TESSERA_TOKENIZERS alone
+// when it is set, else tokenizers/ under each data directory (util/data_paths.h).
+std::vector<fs::path> tokenizers_candidates() {
+  if (const char* env = std::getenv("TESSERA_TOKENIZERS"); env && *env) return {fs::path(env)};
+  return data_candidates("tokenizers");
 }
 
 constexpr const char* kMarker = "tessera_synth.json";
@@ -468,21 +471,35 @@ void synth(const SynthOptions& opts, const SynthProgress& progress) {
   spec.validate();
 
   // Check the tokenizer sources before spending minutes on weights.
-  const std::string tok_dir = opts.tokenizers_dir.empty() ? default_tokenizers_dir() : opts.tokenizers_dir;
   fs::path tok_src;
   std::string gguf_path;
   if (preset.family == "smollm2") {
     gguf_path = opts.smollm2_gguf.empty() ? default_model_path() : opts.smollm2_gguf;
-    if (!fs::is_regular_file(gguf_path))
-      fail("the SmolLM2 tokenizer comes from the default model's GGUF, which is missing at {}: "
+    if (!fs::is_regular_file(gguf_path)) {
+      std::vector<fs::path> places;
+      if (opts.smollm2_gguf.empty())
+        for (const std::string& c : default_model_candidates()) places.emplace_back(c);
+      else
+        places.emplace_back(gguf_path);
+      fail("the SmolLM2 tokenizer comes from the default model's GGUF ({}), which is missing; looked in: {}: "
            "run scripts/setup.sh (or set TESSERA_DEFAULT_MODEL)",
-           gguf_path);
+           kDefaultModelFile, list_places(places));
+    }
   } else {
-    tok_src = fs::path(tok_dir) / (preset.family == "llama3" ? "llama3" : "qwen3");
-    if (!fs::is_directory(tok_src))
-      fail("tokenizer folder {} is missing: pass --tokenizers DIR (the folder holding llama3/ "
-           "and qwen3/) or set TESSERA_TOKENIZERS",
-           tok_src.string());
+    const std::string family = preset.family == "llama3" ? "llama3" : "qwen3";
+    std::vector<fs::path> places;
+    if (!opts.tokenizers_dir.empty()) places.push_back(fs::path(opts.tokenizers_dir) / family);
+    else
+      for (const fs::path& d : tokenizers_candidates()) places.push_back(d / family);
+    for (const fs::path& p : places)
+      if (std::error_code ec; fs::is_directory(p, ec)) {
+        tok_src = p;
+        break;
+      }
+    if (tok_src.empty())
+      fail("tokenizer folder {}/ is missing; looked in: {}: run scripts/setup.sh, pass --tokenizers DIR "
+           "(the folder holding llama3/ and qwen3/) or set TESSERA_TOKENIZERS",
+           family, list_places(places));
   }
 
   const fs::path out(opts.out_dir);

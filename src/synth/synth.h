@@ -22,7 +22,7 @@ struct SynthOptions {
   bool tiny = false;           // the preset's tiny form instead of the full model
   uint64_t seed = 0;
   // Folder holding llama3/ and qwen3/ tokenizer files; empty: $TESSERA_TOKENIZERS, else
-  // <source dir>/../shared/data/tokenizers.
+  // the first data directory's tokenizers/ that has the family's folder (util/data_paths.h).
   std::string tokenizers_dir;
   // GGUF whose metadata carries the SmolLM2 tokenizer; empty: default_model_path().
   std::string smollm2_gguf;
