@@ -63,8 +63,14 @@ void f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
 
 // Run-time dispatched clones (the default build targets baseline x86-64): the 32 lanes
 // vectorize as they are, so every clone adds in the same order and gives the same bits.
-__attribute__((target_clones("avx512f", "avx2", "default"))) float dot_bf16(const uint16_t* a, const uint16_t* b,
-                                                                             int64_t n) {
+// Not under ThreadSanitizer: the clones' ifunc resolver runs during relocation, before the
+// TSan runtime is up, and its instrumented code crashes there (tools/tsan.sh).
+#if defined(__SANITIZE_THREAD__)
+#define TS_DOT_CLONES
+#else
+#define TS_DOT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+TS_DOT_CLONES float dot_bf16(const uint16_t* a, const uint16_t* b, int64_t n) {
   constexpr int kLanes = 32;
   float acc[kLanes] = {};
   int64_t i = 0;

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# ThreadSanitizer over the code that runs threads: the cpu thread pool, the kernels' parallel
+# paths (matmul, batched and AMX GEMVs, attention), batched decode and `tessera serve` (its
+# scheduler, the HTTP server, the OpenAI API tests; ServeE2E drives a running server with real
+# clients). Builds build-tsan (RelWithDebInfo at -O1, as the ASan build) and runs those tests;
+# exits non-zero on any report (halt_on_error). CI runs it after the other suites.
+#   tools/tsan.sh [extra ctest args]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+start=$(date +%s)
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
+  -DTESSERA_SANITIZE_THREAD=ON >/dev/null
+cmake --build build-tsan -j2 --target tessera tessera_tests
+echo "tsan: build done in $(( $(date +%s) - start )) s"
+# second_deadlock_stack: both stacks of a lock-order report. The tests of every thread-running
+# part; the rest of the suite is single-threaded code run by the same pool.
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}" \
+  ctest --test-dir build-tsan --output-on-failure -j2 \
+  -R '^(ThreadPool|CpuKernels|CpuQuant|BatchedDecode|Serve[A-Za-z]*)\.|^ServeE2E$' "$@"
+echo "tsan: done in $(( $(date +%s) - start )) s"
