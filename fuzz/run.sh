@@ -62,6 +62,22 @@ stats() {
   echo "${execs:-?} ${cov:-?} ${ft:-?}"
 }
 
+# A timeout is wall-clock time: on a loaded machine (CI, or nice'd beside other jobs) a
+# process can be starved past 1 s. True when the run's only finding is a timeout whose input,
+# run again 3 times, finishes within the limit every time.
+timeout_not_reproduced() {
+  local h=$1 log=$BUILD/fuzz-logs/$1.log unit
+  grep -q 'ERROR: libFuzzer: timeout' "$log" || return 1
+  unit=$(grep -o 'Test unit written to .*' "$log" | tail -1 | sed 's/Test unit written to //')
+  [[ -f $unit ]] || return 1
+  local i
+  for i in 1 2 3; do
+    "$BUILD/fuzz/fuzz_$h" "${LIMITS[@]}" "$unit" >>"$BUILD/fuzz-logs/$h.retry.log" 2>&1 || return 1
+  done
+  echo "fuzz: $h: the timeout on $unit did not reproduce (3 reruns under 1 s)"
+  mv "$unit" "$unit.not-reproduced"
+}
+
 failed=()
 declare -A status
 jobs=${FUZZ_JOBS:-1}
@@ -77,7 +93,9 @@ for h in "${harnesses[@]}"; do
   run_one "$h" "$each"
   rc=$?
   read -r execs cov ft <<<"$(stats "$BUILD/fuzz-logs/$h.log")"
-  if (( rc != 0 )); then
+  if (( rc != 0 )) && timeout_not_reproduced "$h"; then
+    status[$h]="ok (a timeout that did not reproduce: the machine was busy)"
+  elif (( rc != 0 )); then
     failed+=("$h"); status[$h]="FAILED (exit $rc)"
     grep -E 'ERROR: |SUMMARY: |Test unit written|==[0-9]+==' "$BUILD/fuzz-logs/$h.log" | head -8
   else status[$h]=ok; fi
@@ -109,7 +127,7 @@ if [[ $mode == campaign ]]; then
     echo "|---|---|---|---|---|---|"
     for h in "${harnesses[@]}"; do
       read -r execs cov ft <<<"$(stats "$BUILD/fuzz-logs/$h.log")"
-      n=$(find "$BUILD/fuzz-artifacts/$h" -type f -newer "$BUILD/fuzz-logs/.start" 2>/dev/null | wc -l)
+      n=$(find "$BUILD/fuzz-artifacts/$h" -type f ! -name '*.not-reproduced' -newer "$BUILD/fuzz-logs/.start" 2>/dev/null | wc -l)
       echo "| $h | $each | $execs | $cov | $ft | $n |"
     done
     echo
