@@ -23,7 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   };
   guarded([&] { (void)plan_hash(plan); });
-  guarded([&] { (void)plan_markdown(plan, nlohmann::json::object()); });
+  // The state beside it: the input's own "phases" (when it has one) as state.json's.
+  guarded([&] { (void)plan_markdown(plan, {{"phases", plan.value("phases", nlohmann::json::object())}}); });
   for (const TargetDef& def : target_defs())
     if (def.options_from_plan)
       guarded([&] {

@@ -3,7 +3,6 @@
 
 #include "fuzz_util.h"
 #include "pipeline/deployment.h"
-#include "pipeline/plan.h"
 #include "util/error.h"
 
 using namespace tessera;
@@ -23,7 +22,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)d.phase_record(p.id);
     }
     d.write_phase_timing();
-    (void)plan_markdown(nlohmann::json::object(), d.state());
   } catch (const Error&) {
   } catch (const nlohmann::json::exception&) {
   }
