@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine lacks to build and test tessera (Debian packages
 # only; the product itself needs no Python; chromium and its driver run the chat page's
-# browser test, ctest ChatPageE2E). Skips apt when everything is already there.
+# browser test, ctest ChatPageE2E; clang and its libFuzzer runtime build fuzz/'s harnesses).
+# Skips apt when everything is already there.
 set -euo pipefail
 
 PACKAGES=(build-essential cmake pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev
           libgtest-dev libgmock-dev libpcre2-dev libutf8proc-dev libhwy-dev libssl-dev
           libcpp-httplib-dev python3-venv curl chromium chromium-driver
-          ninja-build unzip ca-certificates)
+          ninja-build unzip ca-certificates
+          clang libclang-rt-14-dev)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

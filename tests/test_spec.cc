@@ -152,5 +152,49 @@ TEST(Spec, RefusesInconsistentHeads) {
   EXPECT_NE(refusal(c).find("not a multiple"), std::string::npos);
 }
 
+// fuzz/fuzz_config.cc's first finding: a float far out of int64_t's range in an integer field
+// (head_dim) was cast to int64_t (undefined behaviour, UBSan); now refused by name. The
+// input is the fuzzer's, as it wrote it.
+TEST(Spec, FuzzFloatInAnIntegerFieldIsRefused) {
+  const json c = json::parse(R"fuzz({
+  "architectures": [
+    "LlamaForCausalLM"
+  ],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 1,
+  "eos_token_id": [
+    2,
+    0
+  ],
+  "head_dim": 6111111111111111111111111111111111111111111111111111111111114,
+  "hidden_act": "silu",
+  "hidden_size": 192,
+  "initializer_range": 0.02,
+  "intermediate_size": 512,
+  "max_position_embeddings": 8192,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 3,
+  "num_hidden_layers": 3,
+  "num_key_value_heads": 1,
+  "rms_norm_eps": 1e-05,
+  ",,,,,,,,,,,,,,,,,,,,,,,rope_scaling": null,
+  "rope_thetmax_position_emb;a": 100001.0,
+  "tie_word_embeddings": true,
+  "vocab_size": 49152
+}
+)fuzz");
+  try {
+    spec_from_hf_config(c);
+    FAIL() << "accepted a float head_dim";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'head_dim' must be an integer"), std::string::npos) << e.what();
+  }
+  json ok = c;
+  ok["head_dim"] = 64.0;  // a float, even a whole one, is not an integer field's value
+  EXPECT_THROW(spec_from_hf_config(ok), Error);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "io/gguf.h"
 #include "util/error.h"
@@ -102,6 +103,10 @@ int64_t required_int(const json& c, const char* key) {
 template <typename T>
 T optional_value(const json& c, const char* key, T def) {
   if (!c.contains(key) || c[key].is_null()) return def;
+  // An integer field takes integers only: nlohmann's get<int64_t> casts a float such as
+  // 6.1e60 to int64_t, which is undefined (found by fuzz/fuzz_config.cc).
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+    if (!c[key].is_number_integer()) fail("config.json: field '{}' must be an integer", key);
   try {
     return c[key].get<T>();
   } catch (const json::exception&) {

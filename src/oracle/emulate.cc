@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "io/quantize.h"
 #include "util/error.h"
 #include "util/half.h"
 
@@ -24,7 +25,9 @@ float round_to(Precision p, float x) {
   switch (p) {
     case Precision::F32: return x;
     case Precision::BF16: return bf16_to_f32(f32_to_bf16(x));
-    case Precision::F16: return float(static_cast<_Float16>(x));
+    // io's round-to-nearest-even conversion, not a _Float16 cast: clang before 15 has no
+    // _Float16 on x86 without AVX512-FP16 (the fuzz build uses Debian's clang 14).
+    case Precision::F16: return f16_to_f32(f32_to_f16(x));
     case Precision::Q8x2_32: fail("internal: int8 per 32-value block is a block-wise rounding (round_all)");
   }
   return x;

@@ -71,11 +71,22 @@ nlohmann::json read_json_file(const fs::path& path) {
   }
 }
 
+namespace {
+// What every reader of state.json looks up without checking (found by fuzz/fuzz_state.cc: a
+// state.json without them made the const lookups undefined).
+void check_state(const nlohmann::json& state, const fs::path& dir) {
+  if (!state.is_object() || !state.contains("phases") || !state["phases"].is_object() || !state.contains("identity") ||
+      !state["identity"].is_object())
+    fail("{}/state.json is damaged: it needs a phases object and an identity object", dir.string());
+}
+}  // namespace
+
 Deployment Deployment::open_for_deploy(const fs::path& dir, const nlohmann::json& identity) {
   Deployment d;
   d.dir_ = dir;
   if (fs::exists(dir / "state.json")) {
     d.state_ = read_json_file(dir / "state.json");
+    check_state(d.state_, dir);
     const nlohmann::json& old = d.state_["identity"];
     for (const char* key : {"model_path", "target", "faults", "model_fingerprint", "plan", "device", "perturbations"})
       if (old.value(key, nlohmann::json()) != identity.value(key, nlohmann::json()))
@@ -106,17 +117,18 @@ Deployment Deployment::open_existing(const fs::path& dir) {
   d.state_ = read_json_file(dir / "state.json");
   if (d.state_.value("format", "") != "tessera-deployment/1")
     fail("{}/state.json is not a tessera deployment state", dir.string());
+  check_state(d.state_, dir);
   return d;
 }
 
 bool phase_done(const std::string& status) { return status == "passed" || status == "unverified"; }
 
 std::string Deployment::phase_status(int id) const {
-  return state_["phases"].value(std::to_string(id), nlohmann::json::object()).value("status", "pending");
+  return state_.at("phases").value(std::to_string(id), nlohmann::json::object()).value("status", "pending");
 }
 
 nlohmann::json Deployment::phase_record(int id) const {
-  return state_["phases"].value(std::to_string(id), nlohmann::json::object());
+  return state_.at("phases").value(std::to_string(id), nlohmann::json::object());
 }
 
 void Deployment::set_phase(int id, const nlohmann::json& record) {

@@ -286,13 +286,14 @@ std::vector<OpCase> rope_cases(const OpInputs& in) {
     c.tokens = rows;
     c.outputs.push_back(output(role + " q", fmt::format("[{},{}] at position {}", rows, Q, pos), rows, Q, std::move(qref)));
     c.outputs.push_back(output(role + " k", fmt::format("[{},{}] at position {}", rows, KV, pos), rows, KV, std::move(kref)));
-    c.run = [qin, kin, rows, pos](StagedRunner& t, const std::vector<float*>& o) {
+    // rows = rows: a structured binding is captured by init-capture (clang < 16 refuses it by name).
+    c.run = [qin, kin, rows = rows, pos = pos](StagedRunner& t, const std::vector<float*>& o) {
       std::copy(qin->begin(), qin->end(), o[0]);
       std::copy(kin->begin(), kin->end(), o[1]);
       t.op_rope(0, o[0], o[1], rows, pos);
     };
     const ModelSpec spec = s;
-    c.emulate = [qin, kin, qn, kn, inv_freq, rows, pos, spec, outs = c.outputs](const oracle::Numerics& num,
+    c.emulate = [qin, kin, qn, kn, inv_freq, rows = rows, pos = pos, spec, outs = c.outputs](const oracle::Numerics& num,
                                                                               std::vector<std::vector<int64_t>>& cols) {
       std::vector<float> q = *qin, k = *kin;
       if (spec.qk_norm) {

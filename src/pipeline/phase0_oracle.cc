@@ -29,7 +29,8 @@ PhaseOutcome run_phase0_oracle(PhaseContext& ctx) {
   size_t done = 0;
   for (const auto& [name, w] : ctx.model.weights()) {
     std::atomic<int64_t> bad{0};
-    parallel_for(w.rows(), default_threads(), [&](int64_t r0, int64_t r1) {
+    // &w = w: a structured binding is captured by init-capture (clang < 16 refuses it otherwise).
+    parallel_for(w.rows(), default_threads(), [&, &w = w](int64_t r0, int64_t r1) {
       std::vector<float> row(size_t(w.cols()));
       int64_t b = 0;
       for (int64_t r = r0; r < r1; ++r) {

@@ -411,6 +411,12 @@ std::string chat_template_sha256(std::string_view source) {
   return out;
 }
 
+std::vector<std::string> known_chat_template_sources() {
+  return {std::string(kLlama3Source), std::string(kLlama3AlwaysPromptSource), std::string(kQwen3Source),
+          std::string(kQwen25Source), std::string(kSmolLM2Source), std::string(kChatMLSource),
+          std::string(kChatMLEscapedSource)};
+}
+
 ChatTemplate ChatTemplate::from_source(const std::string& jinja_source, const std::string& bos_token,
                                        const std::string& eos_token) {
   struct Known {

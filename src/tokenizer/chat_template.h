@@ -53,4 +53,7 @@ class ChatTemplate {
 // a template.
 std::string chat_template_sha256(std::string_view source);
 
+// The Jinja sources from_source recognises, one per family and variant (for the fuzz harness).
+std::vector<std::string> known_chat_template_sources();
+
 }  // namespace tessera

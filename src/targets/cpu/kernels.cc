@@ -1,4 +1,5 @@
 // The cpu kernels' entry points: ISA selection, the KV cache and attention's work split.
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -243,7 +244,9 @@ __attribute__((target("avx2,f16c"))) void f32_to_f16_f16c(const float* src, uint
 void f32_to_f16(const float* src, uint16_t* dst, int64_t n) {
   static const bool f16c = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    // F16C from CPUID (leaf 1, ECX bit 29): clang before 15 has no "f16c" for __builtin_cpu_supports.
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
   }();
   if (f16c)
     f32_to_f16_f16c(src, dst, n);
