@@ -19,16 +19,8 @@ namespace fs = std::filesystem;
 
 std::vector<std::string> reference_search_path() {
   std::vector<std::string> out;
-  if (const char* env = std::getenv("TESSERA_REFERENCES"); env && *env) {
-    std::string s = env;
-    for (size_t at = 0;;) {
-      const size_t colon = s.find(':', at);
-      const std::string part = s.substr(at, colon == std::string::npos ? std::string::npos : colon - at);
-      if (!part.empty()) out.push_back(part);
-      if (colon == std::string::npos) break;
-      at = colon + 1;
-    }
-  }
+  if (const char* env = std::getenv("TESSERA_REFERENCES"); env && *env)
+    for (const fs::path& p : split_path_list(env)) out.push_back(p.string());
   if (const fs::path cache = cache_dir(); !cache.empty()) out.push_back((cache / "references").string());
   return out;
 }

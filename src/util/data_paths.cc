@@ -15,7 +15,10 @@ std::string env(const char* name) {
   return v ? std::string(v) : std::string();
 }
 
-void split_path_list(const std::string& s, std::vector<fs::path>& out) {
+}  // namespace
+
+std::vector<fs::path> split_path_list(const std::string& s) {
+  std::vector<fs::path> out;
   for (size_t at = 0;;) {
     const size_t colon = s.find(':', at);
     const std::string part = s.substr(at, colon == std::string::npos ? std::string::npos : colon - at);
@@ -23,9 +26,8 @@ void split_path_list(const std::string& s, std::vector<fs::path>& out) {
     if (colon == std::string::npos) break;
     at = colon + 1;
   }
+  return out;
 }
-
-}  // namespace
 
 fs::path executable_dir() {
   std::error_code ec;
@@ -35,8 +37,7 @@ fs::path executable_dir() {
 }
 
 std::vector<fs::path> data_dirs() {
-  std::vector<fs::path> out;
-  split_path_list(env("TESSERA_DATA_DIR"), out);
+  std::vector<fs::path> out = split_path_list(env("TESSERA_DATA_DIR"));
   if (const std::string xdg = env("XDG_DATA_HOME"); !xdg.empty()) out.push_back(fs::path(xdg) / "tessera");
   else if (const std::string home = env("HOME"); !home.empty())
     out.push_back(fs::path(home) / ".local" / "share" / "tessera");

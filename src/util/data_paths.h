@@ -33,6 +33,9 @@ std::vector<std::filesystem::path> data_candidates(const std::filesystem::path& 
 // The first of `candidates` that exists (a file or a directory); empty when none does.
 std::filesystem::path first_existing(const std::vector<std::filesystem::path>& candidates);
 
+// The non-empty entries of a ':'-separated list of directories (as $PATH is written).
+std::vector<std::filesystem::path> split_path_list(const std::string& list);
+
 // "a, b, c": the places searched, for error messages.
 std::string list_places(const std::vector<std::filesystem::path>& places);
 
