@@ -1269,9 +1269,10 @@ void gemv_outs(const float* x, int64_t rows, const uint16_t* xb, int64_t Kp, std
   bool any_bf16 = false;
   for (const MatmulOut& o : outs) any_bf16 = any_bf16 || !o.w->quantized();
   const bool bf16_amx = any_bf16 && amx_bf16_gemv(K);
+  const bool bf16_tiles = bf16_amx && rows > 1;  // x's rows laid out as B tiles (one row is its own)
   const int64_t bt_block = K / 32 * 16 * kAmxBf16Rows;  // uint32 per block of rows
   thread_local std::vector<uint32_t, AlignedAlloc<uint32_t>> bt_buf;
-  if (bf16_amx && rows > 1) {
+  if (bf16_tiles) {
     const size_t need = size_t((rows + kAmxBf16Rows - 1) / kAmxBf16Rows * bt_block);
     if (bt_buf.size() < need) bt_buf.resize(need);
   }
@@ -1279,12 +1280,12 @@ void gemv_outs(const float* x, int64_t rows, const uint16_t* xb, int64_t Kp, std
   auto block_rows = [&](int64_t blk) { return int(std::min<int64_t>(kAmxBf16Rows, rows - blk * kAmxBf16Rows)); };
   // x quantized (and laid out as A or B tiles) by every thread: serial, 8 rows of 2048 would
   // cost 14 us, a sixth of an 8-row GEMV of a [2048 x 2048] Q4_0 matrix.
-  if (any_quantized || (bf16_amx && rows > 1)) {
+  if (any_quantized || bf16_tiles) {
     auto quantize = [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         if (any_quantized) xq_rows[r].quantize(x + r * K, K);
         if (r < on_amx) amx_gemv_terms(xq_rows[r], r, K, terms_data);
-        if (bf16_amx && rows > 1) {
+        if (bf16_tiles) {
           const int64_t blk = r / kAmxBf16Rows;
           amx_bf16_terms(xr[size_t(r)], int(r % kAmxBf16Rows), block_rows(blk), K, bt + blk * bt_block);
         }
