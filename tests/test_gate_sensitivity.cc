@@ -46,7 +46,7 @@ std::vector<Case> cases() {
       for (const char* kind : {"gain:0.005", "element:1", "tail:1e-9", "permute:1e-9", "stale:0.001", "shift:0.1"}) {
         ++i;
 #ifdef TESSERA_SANITIZED
-        if (i % 10 != 0) continue;  // a sample under sanitizers; the Release run keeps every case
+        if (i % 36 != 0) continue;  // 5 of 180 under sanitizers (2 cpu, 3 npusim); the Release run keeps every case
 #endif
         out.push_back({target, stage, kind});
       }
@@ -80,6 +80,9 @@ INSTANTIATE_TEST_SUITE_P(Gates, PhaseOneSees, ::testing::ValuesIn(cases()), case
 // phase 6 re-runs the op table on the frozen plan and fails; so does the audit, which
 // re-runs phase 6 in its own process state.
 TEST(GateSensitivity, FusedOnlyPerturbationIsCaughtByPhaseSixAndTheAudit) {
+#ifdef TESSERA_SANITIZED
+  GTEST_SKIP() << "the Release run's (a deploy and an audit; PhaseOneSees runs the perturbations under sanitizers)";
+#endif
   ScratchDir out("sens_fused");
   const std::string dir = out.str("dep");
   DeployOptions o = deploy_options(tiny_model("SmolLM2-360M"), dir);
