@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/weights.h"
+#include "pipeline/phases.h"
 #include "targets/target.h"
 #include "runtime/chat_session.h"
 #include "runtime/generate.h"
@@ -69,6 +70,33 @@ TEST(Generation, ChatReusesTheCacheWithoutChangingTheAnswer) {
   const GenerationResult again = Generator(fresh, tok).generate(chat.last_prompt_ids(), opts);
   EXPECT_EQ(second.tokens, again.tokens);
   EXPECT_EQ(chat.history().size(), 4u);
+}
+
+// Phase 6 runs the oracle along the target's greedy tokens (one forward over all of them):
+// the result must be the oracle's own greedy run, tokens and top-k lists, whether the tokens it
+// is given are its own, diverge (it goes on alone from there), or run out early.
+TEST(Generation, OracleAlongAnotherRunnersTokensIsItsOwnGreedyRun) {
+  for (const char* preset : {"SmolLM2-360M", "Qwen3-0.6B"}) {
+    SCOPED_TRACE(preset);
+    Model model = Model::open(testing_support::tiny_model(preset));
+    OracleRunner oracle(model, 2);
+    const std::vector<int32_t> prompt = {11, 400, 23, 7, 1999};
+    const int n = 10, k = 5;
+    const Greedy own = greedy(oracle, prompt, n, k);
+    ASSERT_EQ(own.tokens.size(), size_t(n));
+    std::vector<std::vector<int32_t>> alongs = {own.tokens, {}, {own.tokens[0], own.tokens[1]}};
+    for (const size_t at : {size_t(0), size_t(4), size_t(n - 1)}) {
+      std::vector<int32_t> other = own.tokens;
+      other[at] = (other[at] + 1) % int32_t(model.spec().vocab);  // diverges at step `at`; the rest is stale
+      alongs.push_back(other);
+    }
+    for (const std::vector<int32_t>& along : alongs) {
+      const Greedy g = greedy_along(oracle, prompt, along, n, k);
+      EXPECT_EQ(g.tokens, own.tokens) << along.size();
+      EXPECT_EQ(g.topk, own.topk) << along.size();
+      EXPECT_EQ(oracle.position(), int64_t(prompt.size()) + n - 1);
+    }
+  }
 }
 
 TEST(Generation, CliRunChatAnswers) {

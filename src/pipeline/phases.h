@@ -169,6 +169,14 @@ struct Greedy {
   double prefill_s = 0, decode_s = 0;
 };
 Greedy greedy(ModelRunner& r, const std::vector<int32_t>& prompt, int n, int k);
+// The same result as greedy(r, prompt, n, k) (tokens and top-k lists; one wall time, in
+// prefill_s), computed along another runner's greedy tokens `along`: while they are r's own
+// choices, all of r's steps come from one forward over the prompt and them, which reads the
+// weights once instead of once per token. Exact for a runner whose logits rows do not depend on
+// how many rows one forward computes (the oracle: every row, attention query and matmul
+// output is computed on its own); from the first step where r chooses differently it goes on
+// alone. Phase 6 runs the oracle this way beside the target.
+Greedy greedy_along(ModelRunner& r, const std::vector<int32_t>& prompt, const std::vector<int32_t>& along, int n, int k);
 // The prompts phase 6 generates from (the first phase6.prompts_min + 1 canonical ones).
 std::vector<CanonicalPrompt> phase6_prompts(PhaseContext& ctx);
 
