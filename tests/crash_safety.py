@@ -368,6 +368,8 @@ def mode_kill(args, work):
     check(len(points) >= need, f"only {len(points)} kill points (at least {need} wanted)")
     say(f"kill points: {len(points)} ({timed} timed, {len(points) - timed} inside a file operation); "
         f"kills per phase where they landed: " + ", ".join(f"{p}: {per_phase[p]}" for p in sorted(per_phase)))
+    if failures:
+        return
     say(f"the resumed deployment passes; {nfiles} files compared with the uninterrupted deploy, {rows} gate rows "
         f"identical, manifest matches (ignored: {', '.join(sorted(TIMING_KEYS))}, phase 6's measured "
         f"{'/'.join(sorted(SPEED_KEYS))}); no temporary left, every JSON parses")
@@ -444,7 +446,8 @@ def mode_diskfull(args, work):
         f = f"phase{p}.json"
         check(snapshot(dep).get(f) == before.get(f), f"{f} changed on resume")
     check(not temporaries(dep), f"temporaries left: {temporaries(dep)}")
-    say(f"full disk: one error line, phases 0-{first_open - 1} intact and not redone, the resume completes")
+    if not failures:
+        say(f"full disk: one error line, phases 0-{first_open - 1} intact and not redone, the resume completes")
 
 
 def mode_readonly(args, work):
@@ -479,7 +482,8 @@ def mode_readonly(args, work):
     check(r.returncode == 0 and "deployment ready" in r.stdout, f"the resume did not complete: {r.stderr[-2000:]}")
     for ph in range(4):
         check(f"phase {ph} {PHASE_NAMES[ph]}: passed in an earlier run (resumed)" in r.stderr, f"phase {ph} was redone")
-    say("read-only: one error line each, nothing changed, the resume completes once writable")
+    if not failures:
+        say("read-only: one error line each, nothing changed, the resume completes once writable")
 
 
 def main():
