@@ -249,7 +249,7 @@ def landed(d):
     st = statuses(d)
     running = [p for p, s in st.items() if s == "running"]
     if running:
-        return running[0], f"phase {running[0]} ({PHASE_NAMES[running[0]]}) running"
+        return running[0], f"in phase {running[0]} ({PHASE_NAMES[running[0]]}, running)"
     passed = [p for p, s in st.items() if s in ("passed", "unverified")]
     if not st:
         return -1, "before state.json existed"
@@ -367,7 +367,8 @@ def mode_kill(args, work):
     need = 8 if args.sanitized else 20
     check(len(points) >= need, f"only {len(points)} kill points (at least {need} wanted)")
     say(f"kill points: {len(points)} ({timed} timed, {len(points) - timed} inside a file operation); "
-        f"kills per phase where they landed: " + ", ".join(f"{p}: {per_phase[p]}" for p in sorted(per_phase)))
+        f"kills per phase where they landed: " + ", ".join(f"{p if p >= 0 else 'before state.json'}: {per_phase[p]}"
+                                                           for p in sorted(per_phase)))
     if failures:
         return
     say(f"the resumed deployment passes; {nfiles} files compared with the uninterrupted deploy, {rows} gate rows "
