@@ -330,6 +330,9 @@ TEST(Deploy, KilledInPhase3ResumesWithoutLosingWork) {
   EXPECT_NE(r.err.find("phase 2 block: passed in an earlier run (resumed)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("resumed from disk"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("prompt 1/"), std::string::npos) << "prompt 1 was redone:\n" << r.err;
+  // Said on stderr, not recorded: the resumed deployment's record is an uninterrupted one's.
+  const std::string summary = Deployment::open_existing(dir).phase_record(3).value("summary", "");
+  EXPECT_EQ(summary.find("resumed"), std::string::npos) << summary;
 }
 
 TEST(Deploy, FromPhaseRerunsThatPhaseAndLater) {

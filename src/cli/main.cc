@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 
 #include "cli/commands.h"
 #include "targets/cpu/kernels.h"
@@ -42,6 +43,11 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const tessera::Error& e) {
     fmt::print(stderr, "tessera: error: {}\n", e.what());
+    return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A file operation the OS refused (a full disk, a read-only directory): what, where, why.
+    fmt::print(stderr, "tessera: error: {}{}: {}\n", e.path1().string(), e.path2().empty() ? "" : " -> " + e.path2().string(),
+               e.code().message());
     return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "tessera: internal error: {}\n", e.what());

@@ -142,6 +142,15 @@ void write_plan_files(Deployment& dep, const nlohmann::json& plan) {
   write_file_atomic(dep.file("plan.md"), plan_markdown(plan, dep.state()));
 }
 
+// What is rendered from state.json and the phase records (plan.md, phase_timing.md,
+// gates.md, report.json): rewritten after every phase, and idempotent.
+void write_derived_files(Deployment& dep) {
+  if (fs::exists(dep.file("plan.json"))) write_file_atomic(dep.file("plan.md"), plan_markdown(read_json_file(dep.file("plan.json")), dep.state()));
+  dep.write_phase_timing();
+  write_file_atomic(dep.file("gates.md"), gate_summary_markdown(dep));
+  write_report(dep);
+}
+
 }  // namespace
 
 DeployResult deploy(const DeployOptions& opts) {
@@ -187,6 +196,8 @@ DeployResult deploy(const DeployOptions& opts) {
         case 6: o = run_phase6_integrate(ctx); break;
         default: fail("internal: phase {} has no runner", p.id);
       }
+    } catch (const IoError&) {
+      throw;  // a full disk or a read-only directory: not the phase's verdict (state says it is still running)
     } catch (const Error& e) {
       // The target refused to run what the phase asked (npusim's checker refusing a
       // mapping, a kernel without a mapping for a shape): the phase fails with the reason.
@@ -217,10 +228,7 @@ DeployResult deploy(const DeployOptions& opts) {
     }
     const std::string status = !o.pass ? "failed" : o.status.empty() ? "passed" : o.status;
     dep.set_phase(p.id, {{"status", status}, {"finished", now_iso8601()}, {"wall_s", wall}, {"summary", o.summary}});
-    if (fs::exists(dep.file("plan.json"))) write_file_atomic(dep.file("plan.md"), plan_markdown(read_json_file(dep.file("plan.json")), dep.state()));
-    dep.write_phase_timing();
-    write_file_atomic(dep.file("gates.md"), gate_summary_markdown(dep));
-    write_report(dep);
+    write_derived_files(dep);
     say(fmt::format("  -> {} ({:.1f} s): {}", !o.pass ? "FAIL" : status == "passed" ? "PASS" : "UNVERIFIED", wall, o.summary));
     if (!o.pass) {
       std::string body = o.diagnosis + "\n\nFailing gate rows:\n\n" + gates::GateResult::markdown_header() + "\n";
@@ -241,6 +249,9 @@ DeployResult deploy(const DeployOptions& opts) {
       return result;
     }
   }
+  // The derived files once more: a run killed after the last phase's status was saved but
+  // before they were rewritten left them one phase behind, and the manifest hashes report.json.
+  write_derived_files(dep);
   // What phase 7 checks the deployment against: hashes of what was gated and reported.
   write_json_atomic(dep.file("manifest.json"), deployment_manifest(dep, model.path()));
   result.pass = true;

@@ -1,11 +1,18 @@
 #include "pipeline/deployment.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "util/error.h"
@@ -47,16 +54,57 @@ std::string now_iso8601() {
   return buf;
 }
 
+std::string io_error_message(const std::string& verb, const fs::path& path, int err) {
+  switch (err) {
+    case ENOSPC:
+    case EDQUOT:
+      return fmt::format("cannot {} {}: no space left on the device ({}); what was written before is intact: free some "
+                         "space and run the command again", verb, path.string(), err == ENOSPC ? "ENOSPC" : "EDQUOT");
+    case EROFS: return fmt::format("cannot {} {}: read-only file system (EROFS)", verb, path.string());
+    case EACCES: return fmt::format("cannot {} {}: permission denied (EACCES)", verb, path.string());
+    default: return fmt::format("cannot {} {}: {} (errno {})", verb, path.string(), std::strerror(err), err);
+  }
+}
+
+namespace {
+
+[[noreturn]] void abandon_temporary(int fd, const fs::path& tmp, const fs::path& path, int err) {
+  if (fd >= 0) ::close(fd);
+  ::unlink(tmp.c_str());
+  throw IoError(io_error_message("write", path, err));
+}
+
+// The rename is durable once the directory is: fsync it (best effort; some file systems
+// refuse fsync on a directory).
+void sync_directory(const fs::path& dir) {
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
 void write_file_atomic(const fs::path& path, const std::string& bytes) {
   const fs::path tmp = path.string() + fmt::format(".tmp{}", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("cannot write {}", tmp.string());
-    out.write(bytes.data(), std::streamsize(bytes.size()));
-    out.flush();
-    if (!out) fail("cannot write {}", tmp.string());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) abandon_temporary(-1, tmp, path, errno);
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) abandon_temporary(fd, tmp, path, n < 0 ? errno : ENOSPC);
+    done += size_t(n);
   }
-  fs::rename(tmp, path);
+  if (::fsync(fd) != 0) abandon_temporary(fd, tmp, path, errno);
+  if (::close(fd) != 0) abandon_temporary(-1, tmp, path, errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) abandon_temporary(-1, tmp, path, errno);
+  sync_directory(path.parent_path());
+}
+
+bool is_atomic_temporary(const std::string& name) {
+  const size_t at = name.rfind(".tmp");
+  if (at == std::string::npos || at + 4 == name.size()) return false;
+  return std::all_of(name.begin() + long(at + 4), name.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 void write_json_atomic(const fs::path& path, const nlohmann::json& j) { write_file_atomic(path, j.dump(2) + "\n"); }
@@ -81,10 +129,81 @@ void check_state(const nlohmann::json& state, const fs::path& dir) {
 }
 }  // namespace
 
+namespace {
+
+// A deploy refuses a directory it could not write to before touching anything in it.
+void check_writable(const fs::path& dir) {
+  if (::access(dir.c_str(), W_OK) == 0) return;
+  const int err = errno;
+  throw IoError(fmt::format("cannot deploy into {}: {}; nothing was changed", dir.string(),
+                            err == EROFS    ? "it is on a read-only file system (EROFS)"
+                            : err == EACCES ? "permission denied (EACCES)"
+                                            : std::strerror(err)));
+}
+
+// The directory's lock: flock on the directory itself, held while the descriptor is open
+// (close-on-exec, so no child inherits it). The kernel drops it when the process dies,
+// however it dies, so a killed deploy never leaves a lock that blocks the next one.
+std::shared_ptr<int> lock_directory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw IoError(io_error_message("open", dir, errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK)
+      fail("{} is being deployed by another tessera process right now (it holds the directory's lock); wait for it to "
+           "finish, or use another --out", dir.string());
+    throw IoError(io_error_message("lock", dir, err));
+  }
+  return std::shared_ptr<int>(new int(fd), [](int* p) {
+    ::close(*p);
+    delete p;
+  });
+}
+
+// The temporaries of writers that died before their rename (a killed deploy) under DIR:
+// under the lock no other deploy writes here; a temporary whose process still lives is kept.
+std::vector<fs::path> dead_temporaries(const fs::path& dir, bool recursive) {
+  std::vector<fs::path> dead;
+  std::error_code ec;
+  auto consider = [&](const fs::directory_entry& e) {
+    const std::string name = e.path().filename().string();
+    std::error_code ec2;
+    if (!e.is_regular_file(ec2) || !is_atomic_temporary(name)) return;
+    const long pid = std::strtol(name.c_str() + name.rfind(".tmp") + 4, nullptr, 10);
+    if (pid == long(::getpid()) || (::kill(pid_t(pid), 0) != 0 && errno == ESRCH)) dead.push_back(e.path());
+  };
+  if (recursive)
+    for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+      consider(*it);
+  else
+    for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) consider(*it);
+  return dead;
+}
+
+void remove_all_of(const std::vector<fs::path>& files) {
+  for (const fs::path& p : files) {
+    std::error_code ec;
+    if (!fs::remove(p, ec) && ec) throw IoError(io_error_message("remove", p, ec.value()));
+  }
+}
+
+}  // namespace
+
 Deployment Deployment::open_for_deploy(const fs::path& dir, const nlohmann::json& identity) {
   Deployment d;
   d.dir_ = dir;
+  if (fs::exists(dir) && !fs::is_directory(dir)) fail("{} exists and is not a directory", dir.string());
+  if (fs::exists(dir)) {
+    check_writable(dir);
+  } else {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw IoError(io_error_message("create", dir, ec.value()));
+  }
+  d.lock_ = lock_directory(dir);
   if (fs::exists(dir / "state.json")) {
+    remove_all_of(dead_temporaries(dir, true));
     d.state_ = read_json_file(dir / "state.json");
     check_state(d.state_, dir);
     const nlohmann::json& old = d.state_["identity"];
@@ -94,10 +213,11 @@ Deployment Deployment::open_for_deploy(const fs::path& dir, const nlohmann::json
              dir.string(), key, old.value(key, nlohmann::json()).dump(), identity.value(key, nlohmann::json()).dump());
     return d;
   }
-  if (fs::exists(dir) && !fs::is_directory(dir)) fail("{} exists and is not a directory", dir.string());
-  if (fs::exists(dir) && !fs::is_empty(dir))
+  // A deploy killed while writing its first state.json leaves only that temporary.
+  const std::vector<fs::path> dead = dead_temporaries(dir, false);
+  if (size_t(std::distance(fs::directory_iterator(dir), fs::directory_iterator())) != dead.size())
     fail("{} is not empty and holds no deployment (no state.json); choose an empty or new directory", dir.string());
-  fs::create_directories(dir);
+  remove_all_of(dead);
   d.state_ = {{"format", "tessera-deployment/1"},
               {"tessera_version", TESSERA_VERSION},
               {"created", now_iso8601()},

@@ -1,14 +1,30 @@
 // The deployment directory (design section 7): the deployment's memory, readable by a
 // person and by an agent, and enough to resume. state.json is the contract between
-// phases; every file is written atomically (temporary file, then rename), so a process
-// killed at any moment leaves each file either old or new, never half-written.
+// phases; every file is written atomically (temporary file, fsync, rename), so a process
+// killed at any moment leaves each file either old or new, never half-written. A deploy
+// holds the directory's lock (flock on the directory itself: the kernel drops it when the
+// process dies, so a killed deploy never leaves a stale lock behind).
 #pragma once
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "util/error.h"
+
 namespace tessera {
+
+// A file could not be written or created (a full disk, a read-only file system): never a
+// verdict on the work, so the phase runner, which turns a target's refusal (Error) into a
+// failed phase, lets it through to the user as one line.
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
+// "cannot VERB PATH: <what errno `err` means here>", one line: ENOSPC and EROFS named as such.
+std::string io_error_message(const std::string& verb, const std::filesystem::path& path, int err);
 
 // The phases tessera runs today, in order, and their names.
 struct PhaseDef {
@@ -20,7 +36,12 @@ struct PhaseDef {
 const std::vector<PhaseDef>& phase_defs();
 const PhaseDef& phase_def(int id);
 
+// Writes a temporary file beside PATH (PATH.tmp<pid>), fsyncs it, renames it over PATH and
+// fsyncs the directory; on any failure the temporary is removed, PATH is left as it was and
+// an IoError names PATH and the cause.
 void write_file_atomic(const std::filesystem::path& path, const std::string& bytes);
+// Whether NAME is one of write_file_atomic's temporaries (ends in ".tmp<digits>").
+bool is_atomic_temporary(const std::string& name);
 void write_json_atomic(const std::filesystem::path& path, const nlohmann::json& j);
 nlohmann::json read_json_file(const std::filesystem::path& path);  // throws naming the file
 
@@ -31,7 +52,9 @@ bool phase_done(const std::string& status);
 class Deployment {
  public:
   // Opens DIR for a deployment of `model_path` on `target`, creating it if needed. An
-  // existing directory must belong to the same model, target and injected faults.
+  // existing directory must belong to the same model, target and injected faults, be
+  // writable (a read-only one is refused before anything is touched) and not be held by
+  // another live deploy; the temporaries a killed deploy left are removed.
   static Deployment open_for_deploy(const std::filesystem::path& dir, const nlohmann::json& identity);
   // Opens an existing deployment (for `run`, `bench`); throws if DIR is not one.
   static Deployment open_existing(const std::filesystem::path& dir);
@@ -54,6 +77,7 @@ class Deployment {
  private:
   std::filesystem::path dir_;
   nlohmann::json state_;
+  std::shared_ptr<int> lock_;  // the locked directory's descriptor (open_for_deploy only)
 };
 
 std::string now_iso8601();

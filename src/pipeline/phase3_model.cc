@@ -84,7 +84,9 @@ PhaseOutcome run_phase3_model(PhaseContext& ctx) {
   PhaseOutcome out;
   const auto prompts = ctx.prompts();
   const fs::path resume_dir = ctx.dep.file("phase3");
-  fs::create_directories(resume_dir);
+  std::error_code ec;
+  fs::create_directories(resume_dir, ec);
+  if (ec) throw IoError(io_error_message("create", resume_dir, ec.value()));
   int decisive = 0, resumed = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const CanonicalPrompt& p = prompts[i];
@@ -102,9 +104,11 @@ PhaseOutcome run_phase3_model(PhaseContext& ctx) {
     out.details["prompts"].push_back(rec);
   }
   out.pass = std::all_of(out.gates.begin(), out.gates.end(), [](const GateResult& g) { return g.pass(); });
-  out.summary = fmt::format("{} prompts ({} decisive, {} competitive){}: {}", prompts.size(), decisive,
-                            prompts.size() - size_t(decisive), resumed ? fmt::format(", {} resumed from disk", resumed) : "",
-                            out.pass ? "all pass" : "failures");
+  // How many prompts an interrupted run had done is said, not recorded: a resumed
+  // deployment's records are those of an uninterrupted one.
+  if (resumed) ctx.progress(fmt::format("[phase 3] {} of {} prompts resumed from disk", resumed, prompts.size()));
+  out.summary = fmt::format("{} prompts ({} decisive, {} competitive): {}", prompts.size(), decisive,
+                            prompts.size() - size_t(decisive), out.pass ? "all pass" : "failures");
   if (!out.pass) {
     // Where along the depth does it go wrong? The first layer under the threshold.
     for (const auto& rec : out.details["prompts"]) {
