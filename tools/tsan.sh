@@ -16,5 +16,5 @@ echo "tsan: build done in $(( $(date +%s) - start )) s"
 # second_deadlock_stack: both stacks of a lock-order report. Every test of that tessera_tests
 # and ServeE2E (the server driven by real clients); not the layer, install and chat-page checks.
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}" \
-  ctest --test-dir build-tsan --output-on-failure -j2 -E '^(LayerCheck|InstallRelocatable|ChatPageE2E)' "$@"
+  ctest --test-dir build-tsan --output-on-failure -j2 -E '^(LayerCheck|InstallRelocatable|ChatPageE2E|DeployCrashSafety)' "$@"
 echo "tsan: done in $(( $(date +%s) - start )) s"
