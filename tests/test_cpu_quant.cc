@@ -432,7 +432,14 @@ TEST(CpuQuant, QuantizedModelsRunInTheirBlocks) {
   o.tokenizers_dir = testing_support::shared_dir() + "/data/tokenizers";
   synth(o);
   const Model src = Model::open(o.out_dir);
-  for (const char* scheme : {"q4_k_m", "q5_k_m", "q4_0", "q5_1", "q8_0"}) {
+#ifdef TESSERA_SANITIZED
+  // Under the sanitizers a K-quant and a legacy scheme (quantizing the 128k-row embedding is
+  // minutes under TSan); the Release run covers all five.
+  const std::vector<const char*> schemes = {"q4_k_m", "q4_0"};
+#else
+  const std::vector<const char*> schemes = {"q4_k_m", "q5_k_m", "q4_0", "q5_1", "q8_0"};
+#endif
+  for (const char* scheme : schemes) {
     SCOPED_TRACE(scheme);
     QuantizeOptions q;
     q.out_path = dir.str(std::string(scheme) + ".gguf");
