@@ -280,8 +280,13 @@ def mode_kill(args, work):
         ever_passed |= {p for p, s in before.items() if s in ("passed", "unverified")}
         if step[0] == "timed":
             # The first phase from `step[1]` on that this invocation runs (an earlier kill that
-            # landed late may have finished the one meant).
-            p = runner.start(dep, target)
+            # landed late may have finished the one meant). Where phase step[1] has passed already
+            # (on a loaded machine a timed kill can land after the deploy ended), --from-phase
+            # runs it again, so every phase still gets its kills.
+            redo = ("--from-phase", str(step[1])) if before.get(step[1]) in ("passed", "unverified") else ()
+            if redo:  # those phases are discarded on purpose, not lost
+                ever_passed -= {q for q in ever_passed if q >= step[1]}
+            p = runner.start(dep, target, *redo)
             ph = None
             for line in p.stderr:
                 started = phase_start(line)
