@@ -617,8 +617,9 @@ std::string deployment_report_html(const fs::path& dir_path) {
     for (const std::string& p : dir.problems) body += "<li>" + e(p) + "</li>\n";
     body += "</ul>\n";
   }
-  body += fmt::format("<p class=\"note\">Written by tessera {} from the deployment directory <code>{}</code> alone.</p>\n",
-                      TESSERA_VERSION, e(dir_path.string()));
+  // The page names no path of its own: a copy of the directory makes the same page.
+  body += fmt::format("<p class=\"note\">Written by <code>tessera report</code> {} from the deployment directory alone.</p>\n",
+                      TESSERA_VERSION);
   return fmt::format(
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n<title>tessera report: {} on {}</title>\n"
       "<style>\n{}{}</style>\n</head>\n<body>\n{}</body>\n</html>\n",
