@@ -333,5 +333,42 @@ TEST(Report, CommandWritesWhereAskedAndAuditRefreshesThePage) {
   EXPECT_NE(bad.err.find("not a deployment directory"), std::string::npos) << bad.err;
 }
 
+TEST(Report, TwoDeploymentsComparedSideBySide) {
+  const fs::path& cpu = deployed("cpu");
+  const fs::path& npu = deployed("npusim");
+  ScratchDir out("report_compare");
+  const CliResult r = run_tessera(fmt::format("report {} {} --out {}", cpu.string(), npu.string(), out.str("compare.html")));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string html = slurp(out.path() / "compare.html");
+  const Doc d = check_page(html, {"compare-phase3-layers"});
+  EXPECT_GT(count_class(d, "g", "dashed"), 0);  // B's series overlaid, dashed
+  for (const char* said : {"(A)", "(B)", "predicted", "measured", "decode (phase 6)"})
+    EXPECT_NE(html.find(said), std::string::npos) << said;
+  // A failed deployment compares too: its phase 3 did not run.
+  const std::string failed = report::comparison_report_html(cpu, deployed("cpu", "rope-interleaved"));
+  check_page(failed, {"compare-phase3-layers"});
+  EXPECT_NE(failed.find("B: phase 3 did not run"), std::string::npos);
+}
+
+TEST(ReportCampaign, ResultsPageHasTheTableAndBothCharts) {
+  const nlohmann::json results = {
+      {"format", "tessera-campaign/1"},
+      {"reference", "Llama-3.2-1B"},
+      {"rows",
+       {{{"model", "Llama-3.2-1B"}, {"target", "npusim"}, {"parameters", 1235814400}, {"phases_passed", 7},
+         {"phases_total", 7}, {"gates_passed", 135}, {"gates_total", 135}, {"deployed", true}, {"failure", ""},
+         {"prefill_tokens_per_s", 2100.5}, {"decode_tokens_per_s", 21.3}, {"figures", "predicted"},
+         {"dispatches_per_layer", "1/1"}, {"deploy_wall_s", 300.2}, {"eta_scale_prefill", 1.0}, {"eta_scale_decode", 1.0}},
+        {{"model", "Qwen3-0.6B <&>"}, {"target", "cpu"}, {"parameters", 596049920}, {"phases_passed", 1},
+         {"phases_total", 7}, {"gates_passed", 20}, {"gates_total", 32}, {"deployed", false},
+         {"failure", "phase 1: 4 kernels failed <rope>"}, {"prefill_tokens_per_s", 0}, {"decode_tokens_per_s", 0},
+         {"figures", "measured"}, {"dispatches_per_layer", "-"}, {"deploy_wall_s", 12.5}, {"eta_scale_prefill", 0},
+         {"eta_scale_decode", 0}}}}};
+  const std::string html = report::campaign_results_html(results);
+  const Doc d = check_page(html, {"campaign-eta", "campaign-wall"});
+  EXPECT_EQ(count_class(d, "rect", "fail"), 3);  // the failed row's two eta bars and its wall-time bar
+  EXPECT_NE(html.find("Qwen3-0.6B &lt;&amp;&gt;"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tessera

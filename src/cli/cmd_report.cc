@@ -1,12 +1,14 @@
 // `tessera report DIR [--out FILE] [--open]`: the deployment's report as one self-contained
 // HTML page (report/report.h), built from the directory alone. `deploy` writes DIR/report.html
-// at its end and `audit` refreshes it.
+// at its end and `audit` refreshes it. `tessera report A B` compares two deployments.
 #include <fmt/format.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <vector>
 
 #include "cli/commands.h"
+#include "pipeline/deployment.h"
 #include "report/report.h"
 
 namespace tessera::cli {
@@ -14,7 +16,7 @@ namespace tessera::cli {
 namespace {
 
 struct ReportArgs {
-  std::string dir;
+  std::vector<std::string> dirs;
   std::string out;
   bool open = false;
 };
@@ -27,7 +29,13 @@ std::string shell_quote(const std::string& s) {
 }
 
 int run_report(const ReportArgs& a) {
-  const std::filesystem::path path = report::write_deployment_report(a.dir, a.out);
+  std::filesystem::path path;
+  if (a.dirs.size() == 1) {
+    path = report::write_deployment_report(a.dirs[0], a.out);
+  } else {  // two deployments compared: written where asked, else in the current directory
+    path = a.out.empty() ? std::filesystem::path("compare.html") : std::filesystem::path(a.out);
+    write_file_atomic(path, report::comparison_report_html(a.dirs[0], a.dirs[1]));
+  }
   fmt::print("{}\n", path.string());
   if (a.open) {
     const std::string cmd = fmt::format("xdg-open {} >/dev/null 2>&1", shell_quote(std::filesystem::absolute(path).string()));
@@ -48,9 +56,11 @@ void add_report_command(CLI::App& app) {
       "limits, phase 3's per-layer and per-position cosines, phases 4-5's optimization trajectory, the target (npusim:\n"
       "the dispatch timeline of a prefill layer and a decode step and each launch's tile map; cpu: decode against the\n"
       "bandwidth roof), issues and diagnoses, the audit's checks. A phase that did not run is said so. `deploy` writes\n"
-      "DIR/report.html at its end and `audit` refreshes it. Prints the page's path.");
-  cmd->add_option("dir", a->dir, "A deployment directory (from `tessera deploy`)")->required();
-  cmd->add_option("--out", a->out, "Where to write the page (default: DIR/report.html)");
+      "DIR/report.html at its end and `audit` refreshes it. Prints the page's path.\n"
+      "With two directories A B: one page comparing them (every phase's verdict and the figures side by side,\n"
+      "phase 3's per-layer cosines overlaid), written to --out (default: compare.html here).");
+  cmd->add_option("dirs", a->dirs, "A deployment directory (from `tessera deploy`), or two to compare")->required()->expected(1, 2);
+  cmd->add_option("--out", a->out, "Where to write the page (default: DIR/report.html; two directories: compare.html)");
   cmd->add_flag("--open", a->open, "Open the page with xdg-open afterwards");
   cmd->callback([a] {
     const int rc = run_report(*a);

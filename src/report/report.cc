@@ -112,6 +112,46 @@ std::string phase_status(const json& state, int phase) {
   return str(state["phases"].value(std::to_string(phase), json::object()), "status", "pending");
 }
 
+// The figures a deployment holds, each labelled measured or predicted.
+struct Fig {
+  std::string name, value, kind, note;
+};
+
+std::vector<Fig> figures(const std::optional<json>& report, const std::optional<json>& phase6) {
+  std::vector<Fig> figs;
+  if (report && report->contains("figures")) {
+    const json& f = (*report)["figures"];
+    if (f.contains("phase6_target_timing")) {
+      const json& t = f["phase6_target_timing"];
+      figs.push_back({"prefill (phase 6)", fmt::format("{:.1f} tok/s", num(t, "prefill_tokens_per_s")), "measured", str(t, "note")});
+      figs.push_back({"decode (phase 6)", fmt::format("{:.1f} tok/s", num(t, "decode_tokens_per_s")), "measured", str(t, "note")});
+    }
+    if (f.contains("predicted")) {
+      const json& p = f["predicted"];
+      figs.push_back({fmt::format("prefill {} tokens on {}", str(p, "prefill_tokens"), str(p, "device")),
+                      fmt::format("{:.3f} ms ({:.0f} tok/s)", num(p, "prefill_ms"), num(p, "prefill_tokens_per_s")), "predicted",
+                      str(p, "note")});
+      figs.push_back({fmt::format("decode at context {} on {}", str(p, "decode_context"), str(p, "device")),
+                      fmt::format("{:.3f} ms/token ({:.1f} tok/s)", num(p, "decode_ms_per_token"), num(p, "decode_tokens_per_s")),
+                      "predicted", str(p, "note")});
+    }
+  }
+  if (report && report->contains("optimization"))
+    for (const auto& [k, o] : (*report)["optimization"].items()) {
+      const bool pred = o.value("predicted", false);
+      figs.push_back({fmt::format("phase {} {}: start -> final", k, str(o, "pass")),
+                      fmt::format("{} -> {}", ms_text(num(o, "start_s")), ms_text(num(o, "final_s"))),
+                      pred ? "predicted" : "measured", str(o, "figure")});
+    }
+  if (phase6 && (*phase6)["details"].contains("roofs")) {
+    const json& r = (*phase6)["details"]["roofs"];
+    figs.push_back({"read bandwidth", fmt::format("{:.1f} GB/s", num(r, "read_bandwidth_gbs")), "measured", str(r, "note")});
+    figs.push_back({"decode roof (bandwidth / weight bytes per token)", fmt::format("{:.1f} tok/s", num(r, "decode_roof_tokens_per_s")),
+                    "measured", fmt::format("{:.1f} MB per token", num(r, "weight_bytes_per_token") / 1e6)});
+  }
+  return figs;
+}
+
 // ---- header ----
 
 std::string header(const json& state, const std::optional<json>& plan, const std::optional<json>& report,
@@ -169,40 +209,7 @@ std::string header(const json& state, const std::optional<json>& plan, const std
   h += "</table>\n";
 
   // The figures, each labelled measured or predicted.
-  struct Fig {
-    std::string name, value, kind, note;
-  };
-  std::vector<Fig> figs;
-  if (report && report->contains("figures")) {
-    const json& f = (*report)["figures"];
-    if (f.contains("phase6_target_timing")) {
-      const json& t = f["phase6_target_timing"];
-      figs.push_back({"prefill (phase 6)", fmt::format("{:.1f} tok/s", num(t, "prefill_tokens_per_s")), "measured", str(t, "note")});
-      figs.push_back({"decode (phase 6)", fmt::format("{:.1f} tok/s", num(t, "decode_tokens_per_s")), "measured", str(t, "note")});
-    }
-    if (f.contains("predicted")) {
-      const json& p = f["predicted"];
-      figs.push_back({fmt::format("prefill {} tokens on {}", str(p, "prefill_tokens"), str(p, "device")),
-                      fmt::format("{:.3f} ms ({:.0f} tok/s)", num(p, "prefill_ms"), num(p, "prefill_tokens_per_s")), "predicted",
-                      str(p, "note")});
-      figs.push_back({fmt::format("decode at context {} on {}", str(p, "decode_context"), str(p, "device")),
-                      fmt::format("{:.3f} ms/token ({:.1f} tok/s)", num(p, "decode_ms_per_token"), num(p, "decode_tokens_per_s")),
-                      "predicted", str(p, "note")});
-    }
-  }
-  if (report && report->contains("optimization"))
-    for (const auto& [k, o] : (*report)["optimization"].items()) {
-      const bool pred = o.value("predicted", false);
-      figs.push_back({fmt::format("phase {} {}: start -> final", k, str(o, "pass")),
-                      fmt::format("{} -> {}", ms_text(num(o, "start_s")), ms_text(num(o, "final_s"))),
-                      pred ? "predicted" : "measured", str(o, "figure")});
-    }
-  if (phase6 && (*phase6)["details"].contains("roofs")) {
-    const json& r = (*phase6)["details"]["roofs"];
-    figs.push_back({"read bandwidth", fmt::format("{:.1f} GB/s", num(r, "read_bandwidth_gbs")), "measured", str(r, "note")});
-    figs.push_back({"decode roof (bandwidth / weight bytes per token)", fmt::format("{:.1f} tok/s", num(r, "decode_roof_tokens_per_s")),
-                    "measured", fmt::format("{:.1f} MB per token", num(r, "weight_bytes_per_token") / 1e6)});
-  }
+  const std::vector<Fig> figs = figures(report, phase6);
   h += "<h2 id=\"figures\">Figures</h2>\n";
   if (figs.empty()) {
     h += "<p class=\"note\">No figures yet: phases 4-6 did not run.</p>\n";
@@ -620,10 +627,165 @@ std::string deployment_report_html(const fs::path& dir_path) {
   // The page names no path of its own: a copy of the directory makes the same page.
   body += fmt::format("<p class=\"note\">Written by <code>tessera report</code> {} from the deployment directory alone.</p>\n",
                       TESSERA_VERSION);
+  return html_page(fmt::format("tessera report: {} on {}", model, str((*state)["identity"], "target")), body);
+}
+
+std::string html_page(const std::string& title, const std::string& body) {
   return fmt::format(
-      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n<title>tessera report: {} on {}</title>\n"
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n<title>{}</title>\n"
       "<style>\n{}{}</style>\n</head>\n<body>\n{}</body>\n</html>\n",
-      e(model), e(str((*state)["identity"], "target")), page_css(), svg_css(), body);
+      e(title), page_css(), svg_css(), body);
+}
+
+namespace {
+
+// One deployment as the comparison reads it.
+struct Loaded {
+  std::string label;
+  json state;
+  std::optional<json> plan, report, p1, p3, p6, evaluation;
+};
+
+Loaded load_deployment(const fs::path& path, const std::string& label) {
+  Dir dir{path, {}};
+  Loaded l;
+  l.label = label;
+  const std::optional<json> state = dir.load("state.json");
+  if (!state || !state->contains("identity") || !state->contains("phases"))
+    fail("{} is not a deployment directory (no readable state.json)", path.string());
+  l.state = *state;
+  l.plan = dir.load("plan.json");
+  l.report = dir.load("report.json");
+  l.p1 = dir.load("phase1.json");
+  l.p3 = dir.load("phase3.json");
+  l.p6 = dir.load("phase6.json");
+  l.evaluation = dir.load("evaluation.json");
+  return l;
+}
+
+std::string model_name(const json& state) { return fs::path(str(state["identity"], "model_path", "?")).filename().string(); }
+
+}  // namespace
+
+std::string comparison_report_html(const fs::path& a_path, const fs::path& b_path) {
+  const Loaded a = load_deployment(a_path, "A"), b = load_deployment(b_path, "B");
+  std::string h = fmt::format("<h1>{} on {} (A) and {} on {} (B)</h1>\n", e(model_name(a.state)),
+                              e(str(a.state["identity"], "target")), e(model_name(b.state)), e(str(b.state["identity"], "target")));
+  h += "<h2 id=\"identity\">The two deployments</h2>\n<table>\n<tr><th></th><th>A</th><th>B</th></tr>\n";
+  const auto row = [&](const std::string& name, const std::string& va, const std::string& vb) {
+    h += fmt::format("<tr><th>{}</th><td>{}</td><td>{}</td></tr>\n", e(name), va, vb);
+  };
+  row("model", "<code>" + e(str(a.state["identity"], "model_path")) + "</code>", "<code>" + e(str(b.state["identity"], "model_path")) + "</code>");
+  row("target", e(str(a.state["identity"], "target")), e(str(b.state["identity"], "target")));
+  row("plan", e(a.plan ? str(*a.plan, "name") : "-"), e(b.plan ? str(*b.plan, "name") : "-"));
+  const auto ref = [](const Loaded& l) {
+    return l.report && l.report->contains("reference") ? str((*l.report)["reference"], "status", "unverified") : phase_status(l.state, 0);
+  };
+  row("reference", e(ref(a)), e(ref(b)));
+  for (int p = 0; p <= 6; ++p)
+    row(fmt::format("phase {} {}", p, str(a.state["phases"].value(std::to_string(p), json::object()), "name")),
+        badge(phase_status(a.state, p)), badge(phase_status(b.state, p)));
+  row("phase 7 (audit)", a.evaluation ? badge(str(*a.evaluation, "verdict")) : badge("not-run"),
+      b.evaluation ? badge(str(*b.evaluation, "verdict")) : badge("not-run"));
+  h += "</table>\n";
+
+  // The figures side by side, matched by name.
+  h += "<h2 id=\"figures\">Figures</h2>\n<table>\n<tr><th>figure</th><th>A</th><th>B</th></tr>\n";
+  const std::vector<Fig> fa = figures(a.report, a.p6), fb = figures(b.report, b.p6);
+  std::vector<std::string> names;
+  for (const auto* fs_ : {&fa, &fb})
+    for (const Fig& f : *fs_)
+      if (std::find(names.begin(), names.end(), f.name) == names.end()) names.push_back(f.name);
+  const auto cell = [](const std::vector<Fig>& v, const std::string& n) {
+    for (const Fig& f : v)
+      if (f.name == n) return fmt::format("{} <span class=\"kind {}\">{}</span>", escape(f.value), f.kind, f.kind);
+    return std::string("-");
+  };
+  for (const std::string& n : names) h += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>\n", e(n), cell(fa, n), cell(fb, n));
+  h += "</table>\n";
+
+  // Phase 3's per-layer cosines overlaid: A solid, B dashed, one colour per prompt.
+  h += "<h2 id=\"phase3\">Phase 3: per-layer cosine, A solid and B dashed</h2>\n";
+  LineChart c;
+  c.title = "Per-layer cosine to the oracle, every prompt of A (solid) and B (dashed)";
+  c.x_label = "layer";
+  c.y_label = "cosine";
+  c.y_max = 1.0;
+  bool any = false;
+  for (const Loaded* l : {&a, &b}) {
+    if (!l->p3 || !(*l->p3)["details"].contains("prompts")) {
+      h += fmt::format("<p class=\"note\">{}: phase 3 did not run (status: {}).</p>\n", l->label, e(phase_status(l->state, 3)));
+      continue;
+    }
+    for (const json& p : (*l->p3)["details"]["prompts"]) {
+      for (const json& ch : p["gate"].value("checks", json::array()))
+        if (str(ch, "metric") == "min_layer_cosine" && !c.limit) c.limit = num(ch, "limit"), c.limit_label = "limit";
+      Series se;
+      se.name = l->label + ": " + str(p, "text");
+      se.dashed = l == &b;
+      const json cos = p.value("layer_cosines", json::array());
+      for (size_t i = 0; i < cos.size(); ++i) {
+        Point pt = point(double(i), as_num(cos[i]), fmt::format("{} layer {}: {:.6f}", se.name, i, as_num(cos[i])));
+        if (!std::isfinite(pt.y)) pt.y = 0, pt.mark = "fail";
+        se.points.push_back(pt);
+      }
+      c.series.push_back(std::move(se));
+      any = true;
+    }
+  }
+  if (any) h += "<div class=\"chart\" data-chart=\"compare-phase3-layers\">" + render(c) + "</div>\n";
+  h += "<p class=\"note\">Written by <code>tessera report A B</code> " TESSERA_VERSION " from the two deployment directories alone.</p>\n";
+  return html_page(fmt::format("tessera report: {} vs {}", model_name(a.state), model_name(b.state)), h);
+}
+
+std::string campaign_results_html(const json& results) {
+  const json rows = results.value("rows", json::array());
+  std::string h = "<h1>Campaign results</h1>\n";
+  h += fmt::format("<p>{} deployments; eta_scale = (parameters x tokens/s) / (those of the reference, {}, on the same target): "
+                   "how far a model's throughput sits from what its size alone predicts. npusim figures are predicted, "
+                   "cpu figures measured.</p>\n",
+                   rows.size(), e(str(results, "reference", "?")));
+  h += "<table>\n<tr><th>model</th><th>target</th><th>parameters</th><th>phases</th><th>gates</th><th>prefill tok/s</th>"
+       "<th>decode tok/s</th><th>figures</th><th>dispatches/layer</th><th>deploy wall time</th><th>eta prefill</th>"
+       "<th>eta decode</th><th>failure</th></tr>\n";
+  BarChart eta, wall;
+  eta.title = "eta_scale per model and target, prefill and decode (tick: the reference, 1)";
+  eta.value_label = "eta_scale";
+  wall.title = "Deploy wall time per model and target";
+  wall.value_label = "s";
+  for (const json& r : rows) {
+    const std::string who = fmt::format("{} ({})", str(r, "model"), str(r, "target"));
+    const bool ok = r.value("deployed", false);
+    h += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.1f}M</td><td>{}/{}</td><td>{}/{}</td><td>{:.1f}</td><td>{:.1f}</td><td>"
+                     "<span class=\"kind {}\">{}</span></td><td>{}</td><td>{:.1f} s</td><td>{:.3f}</td><td>{:.3f}</td><td class=\"{}\">{}</td></tr>\n",
+                     e(str(r, "model")), e(str(r, "target")), num(r, "parameters", 0) / 1e6, str(r, "phases_passed"),
+                     str(r, "phases_total"), str(r, "gates_passed"), str(r, "gates_total"), num(r, "prefill_tokens_per_s", 0),
+                     num(r, "decode_tokens_per_s", 0), e(str(r, "figures")), e(str(r, "figures")), e(str(r, "dispatches_per_layer")),
+                     num(r, "deploy_wall_s", 0), num(r, "eta_scale_prefill", 0), num(r, "eta_scale_decode", 0), ok ? "" : "bad",
+                     e(str(r, "failure")));
+    for (const char* pass : {"prefill", "decode"}) {
+      Bar b;
+      b.label = who + " " + pass;
+      b.value = num(r, fmt::format("eta_scale_{}", pass).c_str(), 0);
+      b.limit = 1.0;
+      b.fail = !ok;
+      b.title = fmt::format("{} {}: eta_scale {:.3f} ({} figures){}", who, pass, b.value, str(r, "figures"),
+                            b.value == 0 ? " (no reference on this target)" : "");
+      eta.bars.push_back(b);
+    }
+    Bar w;
+    w.label = who;
+    w.value = num(r, "deploy_wall_s", 0);
+    w.fail = !ok;
+    w.title = fmt::format("{}: deployed in {:.1f} s{}", who, w.value, ok ? "" : " (failed: " + str(r, "failure") + ")");
+    wall.bars.push_back(w);
+  }
+  h += "</table>\n";
+  h += "<div class=\"chart\" data-chart=\"campaign-eta\">" + render(eta) + "</div>\n";
+  h += "<div class=\"chart\" data-chart=\"campaign-wall\">" + render(wall) + "</div>\n";
+  h += "<p class=\"note\">Written by <code>tessera campaign</code> " TESSERA_VERSION " from results.json; each deployment's own "
+       "page is its report.html.</p>\n";
+  return html_page("tessera campaign results", h);
 }
 
 fs::path write_deployment_report(const fs::path& dir, const fs::path& out) {

@@ -211,7 +211,7 @@ std::string render(const LineChart& c) {
   }
   for (size_t k = 0; k < c.series.size(); ++k) {
     const Series& se = c.series[k];
-    const std::string cls = fmt::format("s{}", k % 8);
+    const std::string cls = fmt::format("s{}{}", k % 8, se.dashed ? " dashed" : "");
     s += fmt::format("<g class=\"series {}\">{}", cls, title_of(se.name));
     std::string pts;
     for (const Point& p : se.points)
@@ -324,7 +324,7 @@ svg.chart .bar.fail,svg.chart .span.fail{fill:#d03a2f}
 svg.chart text.fail,svg.chart .label.fail{fill:#d03a2f;font-weight:bold}
 svg.chart .limit{stroke:#222;stroke-width:2;stroke-dasharray:4 2}
 svg.chart .limitlabel{fill:#222}
-svg.chart .line{fill:none;stroke-width:1.5}
+svg.chart .line{fill:none;stroke-width:1.5}svg.chart .dashed .line,svg.chart .line.dashed{stroke-dasharray:5 3}
 svg.chart .err{stroke:#555;stroke-width:1.5}
 svg.chart .pt{fill:#fff;stroke:#333}
 svg.chart .pt.cliff,svg.chart .pt.fail,svg.chart .pt.reverted{fill:#d03a2f;stroke:#d03a2f}

@@ -50,6 +50,7 @@ struct Series {
   std::string name;
   std::vector<Point> points;
   bool line = true;  // joined by a line; false: points alone
+  bool dashed = false;  // the line dashed (a second deployment overlaid)
 };
 
 struct LineChart {
