@@ -122,9 +122,12 @@ std::vector<Fig> figures(const std::optional<json>& report, const std::optional<
   if (report && report->contains("figures")) {
     const json& f = (*report)["figures"];
     if (f.contains("phase6_target_timing")) {
+      // On a modelled target this is the simulator's own wall time on the host, not the device's.
       const json& t = f["phase6_target_timing"];
-      figs.push_back({"prefill (phase 6)", fmt::format("{:.1f} tok/s", num(t, "prefill_tokens_per_s")), "measured", str(t, "note")});
-      figs.push_back({"decode (phase 6)", fmt::format("{:.1f} tok/s", num(t, "decode_tokens_per_s")), "measured", str(t, "note")});
+      const std::string note = f.contains("predicted") ? "the simulator's wall time on this host, not the modelled device's; " + str(t, "note")
+                                                        : str(t, "note");
+      figs.push_back({"prefill (phase 6)", fmt::format("{:.1f} tok/s", num(t, "prefill_tokens_per_s")), "measured", note});
+      figs.push_back({"decode (phase 6)", fmt::format("{:.1f} tok/s", num(t, "decode_tokens_per_s")), "measured", note});
     }
     if (f.contains("predicted")) {
       const json& p = f["predicted"];
@@ -299,6 +302,14 @@ std::string phase3_section(const json& state, const std::optional<json>& p3) {
   pos.y_label = "min cosine";
   if (std::isfinite(limit)) pos.limit = limit, pos.limit_label = "layer limit";
   pos.y_max = 1.0;
+  // The same on a log axis of 1 - cosine, where layers near 1 are told apart.
+  LineChart err;
+  err.title = "Per-layer 1 - cosine, every prompt, log axis (the error's growth through the layers)";
+  err.x_label = "layer";
+  err.y_label = "1 - cosine";
+  err.log_y = true;
+  err.floor = 1e-9;
+  if (std::isfinite(limit)) err.limit = 1 - limit, err.limit_label = "limit";
   bool have_pos = false;
   int cliffs = 0;
   for (const json& p : prompts) {
@@ -320,6 +331,9 @@ std::string phase3_section(const json& state, const std::optional<json>& p3) {
       if (!std::isfinite(pt.y)) pt.y = 0, pt.mark = "fail";
       se.points.push_back(pt);
     }
+    Series es = se;
+    for (Point& pt : es.points) pt.y = 1 - pt.y;
+    err.series.push_back(std::move(es));
     c.series.push_back(std::move(se));
     if (p.contains("position_min_cosines")) {
       have_pos = true;
@@ -338,7 +352,7 @@ std::string phase3_section(const json& state, const std::optional<json>& p3) {
   }
   h += fmt::format("<p>{} prompts; layer cosine limit {}, cliff limit {} (a drop between adjacent layers); {} cliff(s) marked.</p>\n",
                    prompts.size(), short_number(limit), short_number(cliff_max), cliffs);
-  h += "<div class=\"chart\" data-chart=\"phase3-layers\">" + render(c) + "</div>\n";
+  h += "<div class=\"chart\" data-chart=\"phase3-layers\">" + render(c) + "</div>\n";  h += "<div class=\"chart\" data-chart=\"phase3-layers-error\">" + render(err) + "</div>\n";
   if (have_pos) h += "<div class=\"chart\" data-chart=\"phase3-positions\">" + render(pos) + "</div>\n";
   else h += "<p class=\"note\">Per-position minima were not recorded by this deployment's phase 3 (an older tessera).</p>\n";
   h += "<table>\n<tr><th>prompt</th><th>verdict</th><th>checks</th></tr>\n";
@@ -764,6 +778,7 @@ std::string campaign_results_html(const json& results) {
                      num(r, "deploy_wall_s", 0), num(r, "eta_scale_prefill", 0), num(r, "eta_scale_decode", 0), ok ? "" : "bad",
                      e(str(r, "failure")));
     for (const char* pass : {"prefill", "decode"}) {
+      if (!(num(r, fmt::format("eta_scale_{}", pass).c_str(), 0) > 0)) continue;  // 0: no reference on this target
       Bar b;
       b.label = who + " " + pass;
       b.value = num(r, fmt::format("eta_scale_{}", pass).c_str(), 0);
@@ -781,7 +796,12 @@ std::string campaign_results_html(const json& results) {
     wall.bars.push_back(w);
   }
   h += "</table>\n";
-  h += "<div class=\"chart\" data-chart=\"campaign-eta\">" + render(eta) + "</div>\n";
+  if (eta.bars.empty())
+    h += fmt::format("<p class=\"note\">No eta_scale to draw: the reference ({}) is not in this campaign on any target "
+                     "it ran, or did not deploy.</p>\n",
+                     e(str(results, "reference", "?")));
+  else
+    h += "<div class=\"chart\" data-chart=\"campaign-eta\">" + render(eta) + "</div>\n";
   h += "<div class=\"chart\" data-chart=\"campaign-wall\">" + render(wall) + "</div>\n";
   h += "<p class=\"note\">Written by <code>tessera campaign</code> " TESSERA_VERSION " from results.json; each deployment's own "
        "page is its report.html.</p>\n";

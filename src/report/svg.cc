@@ -173,17 +173,24 @@ std::string render(const LineChart& c) {
       ylo = std::min(ylo, p.lo.value_or(p.y)), yhi = std::max(yhi, p.hi.value_or(p.y));
       ylo = std::min(ylo, p.y), yhi = std::max(yhi, p.y);
     }
-  if (!(xlo <= xhi)) xlo = 0, xhi = 1, ylo = 0, yhi = 1;
+  if (!(xlo <= xhi)) xlo = 0, xhi = 1, ylo = c.log_y ? c.floor : 0, yhi = 1;
   if (c.limit) ylo = std::min(ylo, *c.limit), yhi = std::max(yhi, *c.limit);
   if (c.y_min) ylo = *c.y_min;
   if (c.y_max) yhi = *c.y_max;
   widen(xlo, xhi);
-  widen(ylo, yhi);
-  const double pad = (yhi - ylo) * 0.05;
-  if (!c.y_min) ylo -= pad;
-  if (!c.y_max) yhi += pad;
+  // On a log axis a value is drawn at the floor at least, the range in whole decades.
+  const auto yv = [&](double v) { return c.log_y ? std::max(v, c.floor) : v; };
+  if (c.log_y) {
+    ylo = std::pow(10.0, std::floor(std::log10(yv(ylo))));
+    yhi = std::pow(10.0, std::ceil(std::log10(std::max(yv(yhi), ylo * 10))));
+  } else {
+    widen(ylo, yhi);
+    const double pad = (yhi - ylo) * 0.05;
+    if (!c.y_min) ylo -= pad;
+    if (!c.y_max) yhi += pad;
+  }
   Axis ax{xlo, xhi, left, left + plot_w};
-  Axis ay{ylo, yhi, top + plot_h, top};
+  Axis ay{ylo, yhi, top + plot_h, top, c.log_y};
   std::string s = open_svg("lines", w, h, c.title);
   s += text(4, 16, c.title, "ctitle");
   s += fmt::format("<rect class=\"frame\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\"/>", px(left), px(top), px(plot_w),
@@ -201,9 +208,9 @@ std::string render(const LineChart& c) {
   for (const double t : xt) s += text(ax(t), top + plot_h + 14, short_number(t), "tick", "middle");
   s += text(left + plot_w / 2, h - 6, c.x_label, "axis", "middle");
   s += fmt::format("<text class=\"axis\" transform=\"translate(14,{}) rotate(-90)\" text-anchor=\"middle\">{}</text>",
-                   px(top + plot_h / 2), escape(c.y_label));
+                   px(top + plot_h / 2), escape(c.y_label + (c.log_y ? " (log)" : "")));
   if (c.limit) {
-    const double y = ay(*c.limit);
+    const double y = ay(yv(*c.limit));
     s += fmt::format("<g>{}<line class=\"limit\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\"/></g>",
                      title_of(fmt::format("{} {}", c.limit_label, short_number(*c.limit))), px(left), px(y),
                      px(left + plot_w), px(y));
@@ -215,17 +222,17 @@ std::string render(const LineChart& c) {
     s += fmt::format("<g class=\"series {}\">{}", cls, title_of(se.name));
     std::string pts;
     for (const Point& p : se.points)
-      if (std::isfinite(p.x) && std::isfinite(p.y)) pts += fmt::format("{},{} ", px(ax(p.x)), px(ay(p.y)));
+      if (std::isfinite(p.x) && std::isfinite(p.y)) pts += fmt::format("{},{} ", px(ax(p.x)), px(ay(yv(p.y))));
     if (!pts.empty()) pts.pop_back();
     if (se.line && !pts.empty()) s += fmt::format("<polyline class=\"line\" points=\"{}\"/>", pts);
     for (const Point& p : se.points) {
       if (!std::isfinite(p.x) || !std::isfinite(p.y)) continue;
-      const double x = ax(p.x), y = ay(p.y);
+      const double x = ax(p.x), y = ay(yv(p.y));
       s += "<g>";
       s += title_of(p.title.empty() ? fmt::format("{}: {} = {}", se.name, short_number(p.x), short_number(p.y)) : p.title);
       if (p.lo && p.hi)
-        s += fmt::format("<line class=\"err\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\"/>", px(x), px(ay(*p.lo)), px(x),
-                         px(ay(*p.hi)));
+        s += fmt::format("<line class=\"err\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\"/>", px(x), px(ay(yv(*p.lo))), px(x),
+                         px(ay(yv(*p.hi))));
       s += fmt::format("<circle class=\"pt{}\" cx=\"{}\" cy=\"{}\" r=\"{}\"/>", p.mark.empty() ? "" : " " + p.mark, px(x),
                        px(y), p.mark.empty() ? "2.5" : "4.5");
       s += "</g>";

@@ -61,6 +61,8 @@ struct LineChart {
   std::string limit_label;
   bool integer_x = true;                // ticks at whole numbers
   std::optional<double> y_min, y_max;   // axis range (default: the data and the limit)
+  bool log_y = false;                   // log y axis; values <= floor drawn at the floor
+  double floor = 1e-12;
 };
 
 struct Span {
