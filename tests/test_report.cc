@@ -288,6 +288,12 @@ TEST(Report, TinyCpuDeployPageHasEveryChart) {
   EXPECT_NE(html.find("measured"), std::string::npos);
   EXPECT_NE(html.find("The audit has not run"), std::string::npos);
   EXPECT_EQ(html.find("npusim-prefill-timeline"), std::string::npos);
+  // Both roofs drawn: decode against the read bandwidth, prefill against the GEMM kernel's rate.
+  for (const char* chart : {"cpu-decode-roof", "cpu-prefill-compute"}) {
+    const size_t at = html.find(std::string("data-chart=\"") + chart);
+    ASSERT_NE(at, std::string::npos) << chart;
+    EXPECT_LT(html.find("class=\"limit\"", at), html.find("</svg>", at)) << chart << ": no roof drawn";
+  }
 }
 
 TEST(Report, TinyNpusimDeployPageHasTheTimelineAndTileMaps) {

@@ -55,7 +55,7 @@ void add_report_command(CLI::App& app) {
       "audit's, reference status, figures labelled measured or predicted), phase 1's kernel errors against their\n"
       "limits, phase 3's per-layer and per-position cosines, phases 4-5's optimization trajectory, the target (npusim:\n"
       "the dispatch timeline of a prefill layer and a decode step and each launch's tile map; cpu: decode against the\n"
-      "bandwidth roof), issues and diagnoses, the audit's checks. A phase that did not run is said so. `deploy` writes\n"
+      "bandwidth roof, prefill against the GEMM kernel's measured rate), issues and diagnoses, the audit's checks. A phase that did not run is said so. `deploy` writes\n"
       "DIR/report.html at its end and `audit` refreshes it. Prints the page's path.\n"
       "With two directories A B: one page comparing them (every phase's verdict and the figures side by side,\n"
       "phase 3's per-layer cosines overlaid), written to --out (default: compare.html here).");
