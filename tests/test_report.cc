@@ -319,6 +319,21 @@ TEST(Report, FailedDeployPageMarksTheFailingKernelsAndSaysWhatDidNotRun) {
     EXPECT_NE(html.find(said), std::string::npos) << said;
 }
 
+TEST(Report, PhaseThreeFailurePageMarksTheCliff) {
+  // Layer 1's residual stream made wrong from outside the target: phases 0-2 pass (they look
+  // at layer 0), phase 3 fails with a cliff at layer 1.
+  ScratchDir out("report_cliff");
+  const CliResult r = run_tessera(fmt::format("deploy {} --target cpu --out {} --quiet --threads 2 --perturb "
+                                              "mlp_residual:noise:0.5:layer=1",
+                                              tiny_model(kPreset), out.str("dep")));
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  const std::string html = slurp(out.path() / "dep" / "report.html");
+  const Doc d = check_page(html, {"phase1-kernels", "phase3-layers", "phase3-layers-error", "phase3-positions"});
+  EXPECT_GT(count_class(d, "circle", "cliff"), 0);
+  EXPECT_NE(html.find("cliff: a "), std::string::npos);
+  EXPECT_NE(html.find("Phase 4 did not run"), std::string::npos);
+}
+
 TEST(Report, CommandWritesWhereAskedAndAuditRefreshesThePage) {
   const fs::path& dep = deployed("cpu");
   ScratchDir out("report_cmd");

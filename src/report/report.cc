@@ -328,12 +328,15 @@ std::string phase3_section(const json& state, const std::optional<json>& p3) {
       pt.y = as_num(cos[l]);
       const double prev = l > 0 ? as_num(cos[l - 1]) : pt.y;
       const double drop = prev - pt.y;
-      if (std::isfinite(limit) && !(pt.y >= limit)) pt.mark = "fail";
-      else if (std::isfinite(cliff_max) && l > 0 && !(drop <= cliff_max)) pt.mark = "cliff", ++cliffs;
-      pt.title = fmt::format("\"{}\" layer {}: cosine {:.6f}{}", se.name, l, pt.y,
-                             pt.mark == "cliff" ? fmt::format(" (cliff: {} drop)", short_number(drop))
-                             : pt.mark == "fail" ? " (under the limit)"
-                                                 : "");
+      // A cliff (a drop past cliff_max from the layer before) is marked as such even under the
+      // limit: it says where the error came in.
+      const bool under = std::isfinite(limit) && !(pt.y >= limit);
+      const bool cliff = std::isfinite(cliff_max) && l > 0 && !(drop <= cliff_max);
+      if (cliff) pt.mark = "cliff", ++cliffs;
+      else if (under) pt.mark = "fail";
+      pt.title = fmt::format("\"{}\" layer {}: cosine {:.6f}{}{}", se.name, l, pt.y,
+                             cliff ? fmt::format(" (cliff: a {} drop from layer {})", short_number(drop), l - 1) : "",
+                             under ? " (under the limit)" : "");
       if (!std::isfinite(pt.y)) pt.y = 0, pt.mark = "fail";
       se.points.push_back(pt);
     }

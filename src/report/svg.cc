@@ -214,7 +214,7 @@ std::string render(const LineChart& c) {
     s += fmt::format("<g>{}<line class=\"limit\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\"/></g>",
                      title_of(fmt::format("{} {}", c.limit_label, short_number(*c.limit))), px(left), px(y),
                      px(left + plot_w), px(y));
-    s += text(left + plot_w + 4, y + 4, fmt::format("{} {}", c.limit_label, short_number(*c.limit)), "limitlabel");
+    s += text(left + plot_w - 4, y - 4, fmt::format("{} {}", c.limit_label, short_number(*c.limit)), "limitlabel", "end");
   }
   for (size_t k = 0; k < c.series.size(); ++k) {
     const Series& se = c.series[k];
@@ -335,7 +335,7 @@ svg.chart .line{fill:none;stroke-width:1.5}svg.chart .dashed .line,svg.chart .li
 svg.chart .err{stroke:#555;stroke-width:1.5}
 svg.chart .pt{fill:#fff;stroke:#333}
 svg.chart .pt.cliff,svg.chart .pt.fail,svg.chart .pt.reverted{fill:#d03a2f;stroke:#d03a2f}
-svg.chart .pt.kept{fill:#2e8b57;stroke:#2e8b57}
+svg.chart .pt.kept{fill:#2e8b57;stroke:#2e8b57}svg.chart .pt.cliff{stroke:#000;stroke-width:2}
 svg.chart .s0{stroke:#1f77b4}svg.chart .s1{stroke:#ff7f0e}svg.chart .s2{stroke:#2ca02c}svg.chart .s3{stroke:#9467bd}
 svg.chart .s4{stroke:#8c564b}svg.chart .s5{stroke:#e377c2}svg.chart .s6{stroke:#7f7f7f}svg.chart .s7{stroke:#17becf}
 svg.chart .span.launch{fill:#4a7fc1}svg.chart .span.dma{fill:#f0a030}svg.chart .span.host{fill:#8c564b}
