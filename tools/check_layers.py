@@ -30,6 +30,7 @@ LAYERS = [
     "synth",      # random-weight checkpoints
     "eval",       # audit, campaign, perplexity
     "serve",      # the OpenAI-compatible server
+    "report",     # the deployment report: SVG charts, the HTML page
     "cli",        # one file per subcommand
 ]
 

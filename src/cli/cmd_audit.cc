@@ -5,6 +5,7 @@
 #include "cli/commands.h"
 #include "eval/audit.h"
 #include "pipeline/perturb.h"
+#include "report/report.h"
 
 namespace tessera::cli {
 
@@ -27,6 +28,11 @@ int run_audit(const AuditArgs& a) {
   o.remeasure_wall_time = !a.no_remeasure;
   for (const std::string& p : a.perturb) o.perturbations.push_back(parse_perturbation(p).spec);
   const AuditResult r = audit_deployment(o);
+  try {  // the report page shows the audit's checks: refreshed with them
+    report::write_deployment_report(a.dir);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "report.html not refreshed: {}\n", e.what());
+  }
   if (a.json) {
     fmt::print("{}\n", r.to_json().dump(2));
   } else {
@@ -45,7 +51,7 @@ void add_audit_command(CLI::App& app) {
       "audit",
       "Phase 7: re-check a finished deployment in a fresh process that trusts nothing on disk (hashes, stored\n"
       "thresholds against the built-in ones, phase 3 and 6 gates re-run, adversarial prompts, determinism, per-op\n"
-      "counters, every report figure re-measured). Writes DIR/evaluation_report.md.\n"
+      "counters, every report figure re-measured). Writes DIR/evaluation_report.md and refreshes DIR/report.html.\n"
       "Exit status: 0 PASS, 2 PASS-with-warnings, 3 FAIL, 1 bad input.");
   cmd->add_option("dir", a->dir, "A deployment directory (from `tessera deploy`)")->required();
   cmd->add_flag("--json", a->json, "Print the findings as JSON");

@@ -11,6 +11,7 @@
 #include "model/default_model.h"
 #include "pipeline/deploy.h"
 #include "pipeline/perturb.h"
+#include "report/report.h"
 #include "targets/registry.h"
 #include "util/error.h"
 
@@ -82,6 +83,12 @@ int run_deploy(const DeployArgs& a) {
     fmt::print("| {} | {} | {} | {} | {} |\n", p.id, p.name, rec.value("status", "pending"), counts, rec.value("summary", ""));
   }
   fmt::print("\nEvery gate row, with the thresholds it was held to: {}/gates.md\n", o.out_dir);
+  // The report page, from the directory alone (a failed deployment's too).
+  try {
+    fmt::print("The report (charts of every phase that ran): {}\n", report::write_deployment_report(o.out_dir).string());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "report.html not written: {}\n", e.what());
+  }
   // The target's speed: measured on the cpu (phase 6's short prompts), predicted on npusim.
   if (std::filesystem::exists(dep.file("phase6.json"))) {
     const nlohmann::json details = read_json_file(dep.file("phase6.json")).value("details", nlohmann::json::object());

@@ -23,5 +23,6 @@ void add_campaign_command(CLI::App& app);
 void add_kernels_command(CLI::App& app);
 void add_perplexity_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_report_command(CLI::App& app);
 
 }  // namespace tessera::cli

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_kernels_command(app);
   tessera::cli::add_perplexity_command(app);
   tessera::cli::add_serve_command(app);
+  tessera::cli::add_report_command(app);
   try {
     // The cpu kernels' instruction set, for comparisons (amx, avx512bf16, AVX2, scalar, ...).
     if (const char* isa = std::getenv("TESSERA_ISA"); isa && *isa) tessera::cpu::set_isa(isa);

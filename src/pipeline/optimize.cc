@@ -265,6 +265,11 @@ PhaseOutcome optimize_pass(PhaseContext& ctx, Pass pass, int phase_id) {
         step["other_pass_before_s"] = c.other_before;
         step["other_pass_after_s"] = c.other_after;
       }
+      if (c.rounds > 0) {  // the spread of a measured comparison (the report draws it)
+        step["rounds"] = c.rounds;
+        step["ratio_min"] = c.ratio_min;
+        step["ratio_max"] = c.ratio_max;
+      }
       if (c.keep) {
         ++kept;
         nlohmann::json next = cand->build_plan(ctx.model);

@@ -59,6 +59,18 @@ nlohmann::json model_gate_record(PhaseContext& ctx, StagedRunner& target, const 
   }
   nlohmann::json cosines_json = nlohmann::json::array();
   for (double c : cos) cosines_json.push_back(gates::json_number(c));
+  // Per position, the lowest cosine of its row over the layers (the report draws it: a
+  // position that goes wrong alone, as a decode step or a far RoPE position would).
+  nlohmann::json position_min_json = nlohmann::json::array();
+  for (int64_t t = 0; t < T; ++t) {
+    double m = 1;
+    for (int64_t l = 0; l < s.n_layers; ++l) {
+      const std::vector<float>& got_l = got.at(fmt::format("layers.{}.out", l));
+      const double c = gates::cosine(ref.layers[size_t(l)].data() + t * s.hidden, got_l.data() + t * s.hidden, s.hidden);
+      m = std::isnan(c) || std::isnan(m) ? std::nan("") : std::min(m, c);
+    }
+    position_min_json.push_back(gates::json_number(m));
+  }
   const double p1 = gates::softmax_max_prob(lr.data(), s.vocab);
   const bool is_decisive = p1 > gates::threshold("phase3.decisive_prob");
   GateResult g;
@@ -77,7 +89,7 @@ nlohmann::json model_gate_record(PhaseContext& ctx, StagedRunner& target, const 
     g.require_fixed("top5_two_way", gates::topk_two_way(lr.data(), lg.data(), s.vocab, int(gates::threshold("phase3.topk"))) ? 1 : 0,
                     "==", 1);
   return {{"ids", p.ids}, {"text", p.text}, {"decisive", is_decisive}, {"top1_prob", p1}, {"layer_cosines", cosines_json},
-          {"gate", g.to_json()}};
+          {"position_min_cosines", position_min_json}, {"gate", g.to_json()}};
 }
 
 PhaseOutcome run_phase3_model(PhaseContext& ctx) {

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "pipeline/op_table.h"
+#include "runtime/bandwidth.h"
 #include "runtime/generate.h"
 #include "util/error.h"
 
@@ -169,8 +170,34 @@ PhaseOutcome run_phase6_integrate(PhaseContext& ctx) {
                                   {"decode_tokens_per_s", decode_s > 0 ? decode_tokens / decode_s : 0},
                                   {"note", "short canonical prompts; `tessera bench` measures throughput properly"}};
   out.details["op_counters"] = ctx.target().op_counters();
-  if (const nlohmann::json predicted = ctx.target().predicted_figures(); !predicted.empty())
+  if (const nlohmann::json predicted = ctx.target().predicted_figures(); !predicted.empty()) {
     out.details["target_predicted"] = predicted;
+  } else {
+    // A measured target: the roofs the report holds its figures against. Decode reads every
+    // weight once per token (roof: read bandwidth / bytes per token, the bandwidth measured
+    // now, on this machine); prefill does 2 flops per weight per token (roof: the target's own
+    // GEMM kernel's rate, measured now, / flops per token).
+    const ModelSpec& s = ctx.model.spec();
+    const double matrix_params = double(s.n_layers) * double(s.hidden * (s.q_dim() + 2 * s.kv_dim()) + s.q_dim() * s.hidden +
+                                                             3 * s.hidden * s.intermediate) +
+                                 double(s.vocab) * double(s.hidden);
+    const double bytes = double(ctx.target().weight_bytes_per_token());
+    const double bw = measure_read_bandwidth_gbs(ctx.opts.threads, int64_t(256) << 20, 2);
+    const double prefill_tps = prefill_s > 0 ? prefill_tokens / prefill_s : 0;
+    const double gemm_gflops = ctx.target().measure_gemm_gflops();
+    out.details["roofs"] = {{"weight_bytes_per_token", bytes},
+                            {"read_bandwidth_gbs", bw},
+                            {"decode_roof_tokens_per_s", bytes > 0 ? bw * 1e9 / bytes : 0},
+                            {"flops_per_token", 2 * matrix_params},
+                            {"prefill_achieved_gflops", prefill_tps * 2 * matrix_params / 1e9},
+                            {"gemm_gflops", gemm_gflops},
+                            {"prefill_roof_tokens_per_s", gemm_gflops * 1e9 / (2 * matrix_params)},
+                            {"note", "measured during phase 6 on this machine: read bandwidth (256 MiB, best of 2); "
+                                     "the compute roof is the target's own bf16 GEMM kernel at [256 x 2048] x "
+                                     "[2048 x 2048]^T (best of 3), not the hardware's peak"}};
+  }
+  if (const nlohmann::json timeline = ctx.target().predicted_timeline(); !timeline.empty())
+    out.details["target_timeline"] = timeline;
   const bool greedy_ok = std::all_of(out.gates.begin(), out.gates.end(),
                                      [](const GateResult& g) { return g.gate != "phase6.greedy" || g.pass(); });
   const auto failed_in = [&](const char* gate) {

@@ -134,6 +134,14 @@ class StagedRunner : public ModelRunner {
   // and decode times from its timing model), as JSON for report.json; empty when the
   // target's figures are measured (the cpu).
   virtual nlohmann::json predicted_figures() const { return nlohmann::json::object(); }
+  // What the report draws of a modelled target's passes (the npusim timeline and tile maps
+  // of one prefill and one decode step, from the lowered Program): {"prefill": ..., "decode":
+  // ...}; empty when the target has no such model.
+  virtual nlohmann::json predicted_timeline() const { return nlohmann::json::object(); }
+  // The compute roof a measured target's prefill is held against: its own GEMM kernel's rate
+  // in GFLOP/s on a bf16 problem of [256 x 2048] x [2048 x 2048]^T, measured now (best of 3);
+  // 0 when the target has none (a modelled target predicts its figures).
+  virtual double measure_gemm_gflops() { return 0; }
 
   // This runner's figure of merit for one pass, what phases 4 and 5 compare plans by: a
   // real target times itself (which resets its cache), a modelled one predicts.

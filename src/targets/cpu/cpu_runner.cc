@@ -332,6 +332,22 @@ void CpuRunner::kv_select(int seq) {
   cache_ = caches_[size_t(seq)].get();
 }
 
+double CpuRunner::measure_gemm_gflops() {
+  constexpr int64_t T = 256, N = 2048, K = 2048;
+  const std::vector<uint16_t> w(size_t(N * K), 0x3C24);  // bf16 0.01
+  const std::vector<float> x(size_t(T * K), 0.5f);
+  std::vector<float> y(size_t(T * N));
+  const cpu::WeightMatrix wm(Bf16Matrix{w.data(), N, K});
+  double best = 1e300;
+  for (int r = 0; r < 4; ++r) {  // the first call warms the caches and the pool
+    const auto t0 = std::chrono::steady_clock::now();
+    cpu::matmul(x.data(), T, wm, nullptr, y.data(), *pool_);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::min(best, s);
+  }
+  return 2.0 * double(T) * double(N) * double(K) / best / 1e9;
+}
+
 PassFigure CpuRunner::measure(Pass pass) {
   // A fixed token sequence (any ids: the weights are read the same whatever they are).
   const int64_t P = std::max<int64_t>(1, std::min<int64_t>(128, spec().max_position - 9));

@@ -61,6 +61,8 @@ class CpuRunner final : public LayeredRunner {
   int64_t kv_bytes_per_position() const override;
   // Wall time: a prefill of min(128, context) tokens, or a decode step after it (median).
   PassFigure measure(Pass pass) override;
+  // cpu::matmul's bf16 GEMM rate on this machine with this runner's threads (StagedRunner).
+  double measure_gemm_gflops() override;
 
   // cpu only.
   static constexpr int kMaxSequences = 256;  // KV caches one runner holds (continuous batching)

@@ -227,6 +227,12 @@ nlohmann::json NpuSimRunner::predicted_figures() const {
           {"note", "predicted by the device profile's timing model (calibrated on kernel-level measurements), not measured"}};
 }
 
+nlohmann::json NpuSimRunner::predicted_timeline() const {
+  const int64_t T = prefill_tokens(), C = decode_context();
+  return {{"prefill", npusim::timeline_json(npusim::lower(plan_, spec(), device_, {false, T, 0, 1}, {}, weight_formats()), device_)},
+          {"decode", npusim::timeline_json(npusim::lower(plan_, spec(), device_, {true, 1, C, 1}, {}, weight_formats()), device_)}};
+}
+
 std::map<std::string, int64_t> NpuSimRunner::op_counters() const {
   std::map<std::string, int64_t> out = LayeredRunner::op_counters();
   for (const auto& [stage, n] : host_calls_) {

@@ -60,6 +60,8 @@ class NpuSimRunner final : public LayeredRunner {
   int64_t kv_bytes_per_position() const override;
   // Predicted prefill (2048 tokens, or the model's context if shorter) and decode at 512.
   nlohmann::json predicted_figures() const override;
+  // The lowered Program of the prefill and decode passes above, priced per launch (predict.h: timeline_json).
+  nlohmann::json predicted_timeline() const override;
   // The timing model's prediction for the plan (deterministic): the same figures.
   PassFigure measure(Pass pass) override;
 

@@ -115,6 +115,50 @@ nlohmann::json PassPrediction::to_json() const {
           {"host_copy_bytes", host_copy_bytes}, {"breakdown_us", breakdown_us}, {"dispatches", ds}};
 }
 
+nlohmann::json timeline_json(const Program& prog, const Device& d) {
+  nlohmann::json ds = nlohmann::json::array();
+  for (const ProgramDispatch& pd : prog.dispatches) {
+    nlohmann::json j = {{"name", pd.name}, {"section", pd.section}, {"count", pd.count}, {"host", pd.host}};
+    nlohmann::json ops = nlohmann::json::array();
+    for (const ProgramStep& st : pd.steps)
+      for (const HostWork& w : st.host) ops.push_back({{"what", w.what}, {"us", w.us(d)}});
+    j["host_ops"] = ops;
+    nlohmann::json ls = nlohmann::json::array();
+    if (!pd.host) {
+      const DispatchTiming t = time_dispatch(pd.dispatch(), d);
+      j["overhead_us"] = t.overhead_us;
+      j["host_copy_us"] = t.host_copy_us;
+      j["idle_wake_us"] = t.idle_wake_us;
+      size_t k = 0;
+      for (const ProgramStep& st : pd.steps)
+        for (const LaunchCall& c : st.launches) {
+          if (k >= t.launches.size()) break;
+          const LaunchTiming& lt = t.launches[k++];
+          nlohmann::json tiles = nlohmann::json::array();
+          for (const Worker& w : c.launch.workers) tiles.push_back({w.tile.col, w.tile.row, w.kernel});
+          ls.push_back({{"name", lt.name},
+                        {"kernel", c.launch.kernel},
+                        {"fill_us", lt.fill_us},
+                        {"body_us", lt.total_us - lt.fill_us - lt.drain_us},
+                        {"drain_us", lt.drain_us},
+                        {"compute_us", lt.compute_us},
+                        {"dma_us", lt.dma_us},
+                        {"ddr_us", lt.ddr_us},
+                        {"bound_by", lt.bound_by},
+                        {"herd", {c.launch.herd_cols, c.launch.herd_rows}},
+                        {"busiest_tile", {lt.busiest_tile.col, lt.busiest_tile.row}},
+                        {"tiles", tiles}});
+        }
+    }
+    j["launches"] = ls;
+    ds.push_back(j);
+  }
+  return {{"pass", prog.shape.decode ? "decode" : "prefill"}, {"tokens", prog.shape.tokens},
+          {"context", prog.shape.context}, {"device", d.name}, {"columns", d.columns}, {"rows", d.rows},
+          {"shim_row", d.shim_row}, {"mem_row", d.mem_row}, {"first_compute_row", d.first_compute_row},
+          {"dispatches", ds}};
+}
+
 std::string PassPrediction::describe() const {
   std::string out = fmt::format("{} ({} tokens after {} cached): {:.3f} ms predicted; {} NPU dispatches, {} launches, "
                                 "{:.1f} MB through DDR, {:.1f} MB host copies\n",

@@ -59,4 +59,12 @@ PassPrediction predict_prefill(const NpuPlan& plan, const ModelSpec& spec, const
 PassPrediction predict_decode(const NpuPlan& plan, const ModelSpec& spec, const Device& device, int64_t context,
                               const WeightFormats& formats = {});
 
+// The Program's dispatches as the report's timeline and tile maps draw them (steady state):
+// {"pass", "tokens", "context", "columns", "rows", "first_compute_row", "dispatches": [{"name",
+// "section", "count", "host", "overhead_us", "host_copy_us", "idle_wake_us", "host_ops":
+// [{"what", "us"}], "launches": [{"name", "kernel", "fill_us", "body_us", "drain_us",
+// "compute_us", "dma_us", "ddr_us", "bound_by", "herd": [cols, rows], "busiest_tile": [c, r],
+// "tiles": [[col, row, kernel], ...]}]}]}.
+nlohmann::json timeline_json(const Program& program, const Device& device);
+
 }  // namespace tessera::npusim
