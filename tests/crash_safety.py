@@ -113,7 +113,7 @@ def sha256(path):
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
-def compare_with_reference(ref, got):
+def compare_with_reference(ref, got, tessera):
     """Every file of the uninterrupted deploy against the resumed one, timings aside."""
     rf, gf = files_of(ref), files_of(got)
     check(rf == gf, f"the resumed deployment's files differ from the uninterrupted one's: "
@@ -141,6 +141,16 @@ def compare_with_reference(ref, got):
                 rows += len(ja["gates"])
                 check(ja["gates"] == jb.get("gates"), f"{f}: the gate rows differ")
             check(normalize(ja) == normalize(jb), f"{f} differs from the uninterrupted deploy's (timing fields aside)")
+        elif f == "report.html":
+            # The page draws the phases' times, so it is not compared byte for byte: each
+            # deployment's page must be the one `tessera report` makes from its directory now
+            # (not left stale by a kill), and the directories' other files are compared here.
+            for d in (ref, got):
+                fresh = os.path.join(os.path.dirname(d), os.path.basename(d) + ".report.html")
+                r = subprocess.run([tessera, "report", d, "--out", fresh], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+                check(r.returncode == 0 and open(fresh, "rb").read() == open(os.path.join(d, f), "rb").read(),
+                      f"{d}/report.html is not the page its directory gives now (exit {r.returncode}: {r.stderr.strip()})")
         elif f == "phase_timing.md":  # a table of times: phase, name and status must agree
             cut = lambda p: [l.split("|")[1:4] for l in open(p) if l.startswith("| ") and "wall time" not in l]
             check(cut(a) == cut(b), "phase_timing.md: the phases' statuses differ")
@@ -365,7 +375,7 @@ def mode_kill(args, work):
     check(not temporaries(dep), f"temporaries left: {temporaries(dep)}")
     for b in whole_files_problems(dep):
         check(False, b)
-    rows, nfiles = compare_with_reference(ref, dep)
+    rows, nfiles = compare_with_reference(ref, dep, args.tessera)
     timed = sum(1 for p in points if p.startswith("timed"))
     check(all(per_phase.get(p, 0) >= 1 for p in range(7)),
           f"not every phase 0-6 was killed in: kills per phase {dict(sorted(per_phase.items()))}")
