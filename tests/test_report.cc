@@ -228,6 +228,11 @@ const fs::path& deployed(const std::string& target, const std::string& inject = 
 TEST(ReportSvg, EscapesTextAndAttributes) {
   EXPECT_EQ(report::escape("a<b>&\"c'"), "a&lt;b&gt;&amp;&quot;c&#39;");
   EXPECT_EQ(report::escape(std::string("x\x01y\tz", 5)), "xy\tz");  // a control character is not XML
+  EXPECT_EQ(report::escape("caf\xC3\xA9 \xE2\x86\x92"), "caf\xC3\xA9 \xE2\x86\x92");  // UTF-8 as it is
+  EXPECT_EQ(report::escape("a\xE2\x86"), "a\xEF\xBF\xBD\xEF\xBF\xBD");  // a truncated character: U+FFFD per byte
+  std::string five;
+  for (int i = 0; i < 5; ++i) five += "\xEF\xBF\xBD";
+  EXPECT_EQ(report::escape("\xC0\xAF\xED\xA0\x80"), five);  // an overlong form, a surrogate
   report::BarChart c;
   c.title = "<script>alert(1)</script> & \"quotes\"";
   c.log = true;
