@@ -354,6 +354,14 @@ TEST(Report, CommandWritesWhereAskedAndAuditRefreshesThePage) {
   EXPECT_EQ(html.find("The audit has not run"), std::string::npos);
   EXPECT_NE(html.find("Phase 7: the audit"), std::string::npos);
   EXPECT_NE(html.find(">PASS<"), std::string::npos);
+  // A deploy after the audit (here: phase 6 again) makes the audit on the page stale.
+  const CliResult again = run_tessera(fmt::format("deploy {} --out {} --from-phase 6 --quiet --threads 2", tiny_model(kPreset),
+                                                  dir.string()));
+  EXPECT_EQ(again.exit_code, 0) << again.out << again.err;
+  const std::string after = slurp(dir / "report.html");
+  check_page(after, {"phase1-kernels"});
+  EXPECT_NE(after.find("checked an earlier state of the deployment"), std::string::npos);
+  EXPECT_EQ(after.find(">PASS<"), std::string::npos);
   const CliResult bad = run_tessera(fmt::format("report {}", out.str()));
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("not a deployment directory"), std::string::npos) << bad.err;
