@@ -228,6 +228,11 @@ const fs::path& deployed(const std::string& target, const std::string& inject = 
 TEST(ReportSvg, EscapesTextAndAttributes) {
   EXPECT_EQ(report::escape("a<b>&\"c'"), "a&lt;b&gt;&amp;&quot;c&#39;");
   EXPECT_EQ(report::escape(std::string("x\x01y\tz", 5)), "xy\tz");  // a control character is not XML
+  EXPECT_EQ(report::escape("caf\xC3\xA9 \xE2\x86\x92"), "caf\xC3\xA9 \xE2\x86\x92");  // UTF-8 as it is
+  EXPECT_EQ(report::escape("a\xE2\x86"), "a\xEF\xBF\xBD\xEF\xBF\xBD");  // a truncated character: U+FFFD per byte
+  std::string five;
+  for (int i = 0; i < 5; ++i) five += "\xEF\xBF\xBD";
+  EXPECT_EQ(report::escape("\xC0\xAF\xED\xA0\x80"), five);  // an overlong form, a surrogate
   report::BarChart c;
   c.title = "<script>alert(1)</script> & \"quotes\"";
   c.log = true;
@@ -349,6 +354,14 @@ TEST(Report, CommandWritesWhereAskedAndAuditRefreshesThePage) {
   EXPECT_EQ(html.find("The audit has not run"), std::string::npos);
   EXPECT_NE(html.find("Phase 7: the audit"), std::string::npos);
   EXPECT_NE(html.find(">PASS<"), std::string::npos);
+  // A deploy after the audit (here: phase 6 again) makes the audit on the page stale.
+  const CliResult again = run_tessera(fmt::format("deploy {} --out {} --from-phase 6 --quiet --threads 2", tiny_model(kPreset),
+                                                  dir.string()));
+  EXPECT_EQ(again.exit_code, 0) << again.out << again.err;
+  const std::string after = slurp(dir / "report.html");
+  check_page(after, {"phase1-kernels"});
+  EXPECT_NE(after.find("checked an earlier state of the deployment"), std::string::npos);
+  EXPECT_EQ(after.find(">PASS<"), std::string::npos);
   const CliResult bad = run_tessera(fmt::format("report {}", out.str()));
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("not a deployment directory"), std::string::npos) << bad.err;

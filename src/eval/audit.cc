@@ -376,7 +376,11 @@ AuditResult audit_deployment(const AuditOptions& opts) {
         missing.empty() ? "phases 0-6 passed; the plan is frozen" : fmt::format("{}", fmt::join(missing, "; ")));
   auto write_reports = [&] {
     write_file_atomic(dep.file("evaluation_report.md"), r.markdown());
-    write_json_atomic(dep.file("evaluation.json"), r.to_json());
+    // Which state of the deployment was audited: a later deploy rewrites state.json, and the
+    // report page then calls this evaluation stale.
+    nlohmann::json j = r.to_json();
+    if (fs::exists(dep.file("state.json"))) j["state_json_sha256"] = sha256_file_hex(dep.file("state.json").string());
+    write_json_atomic(dep.file("evaluation.json"), j);
   };
   if (!missing.empty()) {  // nothing to re-check
     write_reports();

@@ -14,6 +14,7 @@
 #include "pipeline/deployment.h"
 #include "report/svg.h"
 #include "util/error.h"
+#include "util/sha256.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -93,7 +94,7 @@ Point point(double x, double y, std::string title = "") {
 
 std::string status_class(const std::string& s) {
   if (s == "passed" || s == "PASS" || s == "pass") return "ok";
-  if (s == "unverified" || s == "PASS-with-warnings" || s == "warn") return "warn";
+  if (s == "unverified" || s == "PASS-with-warnings" || s == "warn" || s == "stale") return "warn";
   if (s == "failed" || s == "FAIL" || s == "fail") return "bad";
   return "idle";
 }
@@ -632,7 +633,12 @@ std::string deployment_report_html(const fs::path& dir_path) {
     fail("{} is not a deployment directory (no readable state.json)", dir_path.string());
   const std::optional<json> plan = dir.load("plan.json");
   const std::optional<json> report = dir.load("report.json");
-  const std::optional<json> evaluation = dir.load("evaluation.json");
+  std::optional<json> evaluation = dir.load("evaluation.json");
+  // An audit of an earlier state of the deployment (a deploy ran after it) is stale.
+  bool audit_stale = false;
+  if (evaluation && evaluation->contains("state_json_sha256"))
+    audit_stale = (*evaluation)["state_json_sha256"] != sha256_file_hex((dir_path / "state.json").string());
+  if (audit_stale) (*evaluation)["verdict"] = "stale";
   const std::optional<json> p1 = dir.load("phase1.json"), p2 = dir.load("phase2.json"), p3 = dir.load("phase3.json"),
                             p4 = dir.load("phase4.json"), p5 = dir.load("phase5.json"), p6 = dir.load("phase6.json");
   const std::string model = fs::path(str((*state)["identity"], "model_path", "?")).filename().string();
@@ -648,6 +654,9 @@ std::string deployment_report_html(const fs::path& dir_path) {
   body += target_section(*state, p6, report);
   body += issues_section(dir);
   body += audit_section(evaluation);
+  if (audit_stale)
+    body += "<p class=\"bad\">This audit checked an earlier state of the deployment: a deploy ran after it. Run "
+            "<code>tessera audit DIR</code> again.</p>\n";
   if (!dir.problems.empty()) {
     body += "<h2>Files that could not be read</h2>\n<ul>\n";
     for (const std::string& p : dir.problems) body += "<li>" + e(p) + "</li>\n";

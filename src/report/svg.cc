@@ -8,11 +8,40 @@
 
 namespace tessera::report {
 
+namespace {
+
+// The length of the well-formed UTF-8 sequence at text[i] (1-4), or 0 when it is not one
+// (a stray continuation byte, a truncated or overlong sequence, a surrogate, past U+10FFFF).
+size_t utf8_length(std::string_view text, size_t i) {
+  const unsigned char c = static_cast<unsigned char>(text[i]);
+  if (c < 0x80) return 1;
+  size_t n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
+  if (n == 0 || c > 0xF4 || i + n > text.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) return 0;
+  const unsigned char d = static_cast<unsigned char>(text[i + 1]);
+  if ((c == 0xE0 && d < 0xA0) || (c == 0xED && d >= 0xA0) || (c == 0xF0 && d < 0x90) || (c == 0xF4 && d >= 0x90)) return 0;
+  return n;
+}
+
+}  // namespace
+
 std::string escape(std::string_view text) {
   std::string out;
   out.reserve(text.size());
-  for (const char ch : text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
     const unsigned char c = static_cast<unsigned char>(ch);
+    if (c >= 0x80) {  // a multi-byte character as it is, or U+FFFD for bytes that are not UTF-8
+      const size_t n = utf8_length(text, i);
+      if (n == 0) {
+        out += "\xEF\xBF\xBD";
+      } else {
+        out.append(text.substr(i, n));
+        i += n - 1;
+      }
+      continue;
+    }
     switch (ch) {
       case '&': out += "&amp;"; break;
       case '<': out += "&lt;"; break;

@@ -17,7 +17,8 @@
 namespace tessera::report {
 
 // Text and attribute values for HTML and SVG: & < > " ' escaped; bytes that are not valid
-// in XML 1.0 (control characters other than tab, newline, carriage return) dropped.
+// in XML 1.0 (control characters other than tab, newline, carriage return) dropped; bytes
+// that are not well-formed UTF-8 (a token's partial character) replaced by U+FFFD.
 std::string escape(std::string_view text);
 
 // A number as a chart writes it: 3 significant digits, 1.2e-05 for the small and large.
