@@ -4,8 +4,12 @@
 #
 #   fuzz/run.sh --smoke SECONDS   every harness for its share of SECONDS (CI); exits 1 on any
 #                                 crash, leak, timeout or allocation over the limit
-#   fuzz/run.sh HOURS             a campaign: every harness for HOURS hours (FUZZ_JOBS=N runs N
-#                                 harnesses at once, default 1), then writes docs/reliability.md
+#   fuzz/run.sh HOURS             a campaign: every harness until 10 million executions or HOURS
+#                                 hours, whichever comes first (FUZZ_RUNS=N another count; FUZZ_JOBS=N
+#                                 runs N harnesses at once, default 1); each harness's result is
+#                                 appended to fuzz/campaign.tsv, and docs/reliability.md is written
+#                                 from that record (a campaign may run in parts, a few harnesses
+#                                 at a time: FUZZ_HARNESSES)
 #
 # Limits for every input: -timeout=1 (s), -rss_limit_mb=2048, -malloc_limit_mb=2048.
 # Seeds: fuzz/corpus/<harness>/ (read only); what a run learns goes to
@@ -17,7 +21,7 @@ ROOT=$PWD
 BUILD=${FUZZ_BUILD_DIR:-$ROOT/build-fuzz}
 LIMITS=(-timeout=1 -rss_limit_mb=2048 -malloc_limit_mb=2048)
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 mode=campaign
 if [[ ${1:-} == --smoke ]]; then mode=smoke; total=${2:-}; [[ $total =~ ^[0-9]+$ ]] || usage
 elif [[ ${1:-} =~ ^[0-9]*\.?[0-9]+$ ]]; then hours=$1
@@ -47,7 +51,9 @@ fi
 run_one() {
   local h=$1 secs=$2
   mkdir -p "$BUILD/fuzz-corpus/$h" "$BUILD/fuzz-artifacts/$h" "$BUILD/fuzz-logs"
-  "$BUILD/fuzz/fuzz_$h" "${LIMITS[@]}" -max_total_time="$secs" -print_final_stats=1 \
+  local runs=()
+  [[ $mode == campaign ]] && runs=(-runs="${FUZZ_RUNS:-10000000}")
+  "$BUILD/fuzz/fuzz_$h" "${LIMITS[@]}" "${runs[@]}" -max_total_time="$secs" -print_final_stats=1 \
     -artifact_prefix="$BUILD/fuzz-artifacts/$h/" "$BUILD/fuzz-corpus/$h" "fuzz/corpus/$h" \
     >"$BUILD/fuzz-logs/$h.log" 2>&1
 }
@@ -59,7 +65,8 @@ stats() {
   execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | tail -1 | awk '{print $2}')
   cov=$(grep -oE '^#[0-9]+.*cov: [0-9]+' "$log" | tail -1 | grep -oE 'cov: [0-9]+' | awk '{print $2}')
   ft=$(grep -oE '^#[0-9]+.* ft: [0-9]+' "$log" | tail -1 | grep -oE 'ft: [0-9]+' | awk '{print $2}')
-  echo "${execs:-?} ${cov:-?} ${ft:-?}"
+  t=$(grep -o 'Done [0-9]* runs in [0-9]* second' "$log" | tail -1 | awk '{print $5}')
+  echo "${execs:-?} ${cov:-?} ${ft:-?} ${t:-?}"
 }
 
 # A timeout is wall-clock time: on a loaded machine (CI, or nice'd beside other jobs) a
@@ -92,47 +99,39 @@ for h in "${harnesses[@]}"; do
   fi
   run_one "$h" "$each"
   rc=$?
-  read -r execs cov ft <<<"$(stats "$BUILD/fuzz-logs/$h.log")"
+  read -r execs cov ft secs <<<"$(stats "$BUILD/fuzz-logs/$h.log")"
   if (( rc != 0 )) && timeout_not_reproduced "$h"; then
     status[$h]="ok (a timeout that did not reproduce: the machine was busy)"
   elif (( rc != 0 )); then
     failed+=("$h"); status[$h]="FAILED (exit $rc)"
     grep -E 'ERROR: |SUMMARY: |Test unit written|==[0-9]+==' "$BUILD/fuzz-logs/$h.log" | head -8
   else status[$h]=ok; fi
-  printf 'fuzz: %-16s %4s s  %10s execs  cov %6s  ft %6s  %s\n' "$h" "$each" "$execs" "$cov" "$ft" "${status[$h]}"
+  printf 'fuzz: %-16s %5s s  %10s execs  cov %6s  ft %6s  %s\n' "$h" "$secs" "$execs" "$cov" "$ft" "${status[$h]}"
 done
 if (( jobs > 1 )); then
   wait
   for h in "${harnesses[@]}"; do
-    read -r execs cov ft <<<"$(stats "$BUILD/fuzz-logs/$h.log")"
+    read -r execs cov ft secs <<<"$(stats "$BUILD/fuzz-logs/$h.log")"
     if grep -qE '^==[0-9]+==ERROR|^SUMMARY: |Test unit written to .*(crash|leak|timeout|oom)' "$BUILD/fuzz-logs/$h.log"; then
       failed+=("$h"); status[$h]=FAILED
     else status[$h]=ok; fi
-    printf 'fuzz: %-16s %4s s  %10s execs  cov %6s  ft %6s  %s\n' "$h" "$each" "$execs" "$cov" "$ft" "${status[$h]}"
+    printf 'fuzz: %-16s %5s s  %10s execs  cov %6s  ft %6s  %s\n' "$h" "$secs" "$execs" "$cov" "$ft" "${status[$h]}"
   done
 fi
 echo "fuzz: ${#harnesses[@]} harnesses in $(( $(date +%s) - start )) s, ${#failed[@]} failed${failed:+: ${failed[*]}}"
 
 if [[ $mode == campaign ]]; then
-  out=docs/reliability.md
-  {
-    echo "# Reliability: the fuzz campaign"
-    echo
-    echo "Written by \`fuzz/run.sh $hours\` on $(date -u +%Y-%m-%dT%H:%MZ) ($(nproc) cores, $(clang++ --version | head -1));"
-    echo "each harness ran ${each} s with -timeout=1 -rss_limit_mb=2048 -malloc_limit_mb=2048, ASan + UBSan,"
-    echo "from its seeds in fuzz/corpus/ and what earlier runs kept in build-fuzz/fuzz-corpus/."
-    echo "Edges are libFuzzer's \`cov\` (coverage edges reached), features its \`ft\`."
-    echo
-    echo "| harness | seconds | executions | edges (cov) | features | crashing inputs this run |"
-    echo "|---|---|---|---|---|---|"
-    for h in "${harnesses[@]}"; do
-      read -r execs cov ft <<<"$(stats "$BUILD/fuzz-logs/$h.log")"
-      n=$(find "$BUILD/fuzz-artifacts/$h" -type f ! -name '*.not-reproduced' -newer "$BUILD/fuzz-logs/.start" 2>/dev/null | wc -l)
-      echo "| $h | $each | $execs | $cov | $ft | $n |"
-    done
-    echo
-    cat fuzz/findings.md
-  } >"$out"
-  echo "fuzz: wrote $out"
+  # The record: one line per harness run (a campaign may come in parts, a few harnesses each).
+  record=fuzz/campaign.tsv
+  [[ -f $record ]] || printf 'date\tharness\tseconds\texecutions\tedges\tfeatures\tcrashing_inputs\tstatus\tmachine\n' >"$record"
+  machine="$(nproc) cores, $(clang++ --version | head -1 | sed 's/ (.*//')"
+  for h in "${harnesses[@]}"; do
+    read -r execs cov ft secs <<<"$(stats "$BUILD/fuzz-logs/$h.log")"
+    n=$(find "$BUILD/fuzz-artifacts/$h" -type f ! -name '*.not-reproduced' -newer "$BUILD/fuzz-logs/.start" 2>/dev/null | wc -l)
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u +%Y-%m-%dT%H:%MZ)" "$h" "$secs" "$execs" "$cov" "$ft" "$n" \
+      "${status[$h]%% *}" "$machine" >>"$record"
+  done
+  python3 fuzz/reliability.py "$record" fuzz/findings.md >docs/reliability.md
+  echo "fuzz: appended to $record, wrote docs/reliability.md"
 fi
 (( ${#failed[@]} == 0 ))
