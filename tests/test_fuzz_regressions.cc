@@ -26,6 +26,23 @@ TEST(FuzzRegressions, PlanMarkdownMissingKeysThrow) {
   EXPECT_THROW(plan_markdown(plan, json::object()), json::out_of_range);
 }
 
+// fuzz_plan (the CI smoke run, 2026-12-06): a plan.json whose op "layer" was an integer
+// literal too large for 64 bits (JSON reads it as 2.8e34, a float) was converted to int64_t,
+// undefined behaviour; plan.json's integers now take JSON integers only, else an Error.
+TEST(FuzzRegressions, PlanIntegersTakeJsonIntegersOnly) {
+  const json op = {{"op", "q_proj"}, {"kernel", "gemm"}, {"shape", "[1 x 2]"}};
+  json plan = {{"model", {{"spec", {{"hidden", 64}}}, {"path", "m.gguf"}, {"arch", "llama"}, {"format", "gguf"}}},
+               {"target", "npusim"}, {"name", "baseline"}, {"dispatches", json::array({{{"ops", json::array({op})}}})}};
+  EXPECT_NO_THROW(plan_markdown(plan, {{"phases", json::object()}}));
+  for (const json& bad : {json(2.77778e34), json(1.5), json("0")}) {
+    plan["dispatches"][0]["ops"][0]["layer"] = bad;
+    EXPECT_THROW(plan_markdown(plan, {{"phases", json::object()}}), Error) << bad.dump();
+  }
+  plan["dispatches"][0]["ops"][0].erase("layer");
+  plan["model"]["spec"]["hidden"] = 6.1e60;
+  EXPECT_THROW(plan_markdown(plan, {{"phases", json::object()}}), Error);
+}
+
 // fuzz_state: a state.json without its phases or identity object is refused when opened.
 TEST(FuzzRegressions, DamagedStateJsonIsRefused) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "tessera_fuzz_regression_state";

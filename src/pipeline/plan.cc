@@ -3,9 +3,25 @@
 #include <fmt/format.h>
 
 #include "pipeline/deployment.h"
+#include "util/error.h"
 #include "util/sha256.h"
 
 namespace tessera {
+
+namespace {
+
+// An integer of plan.json: a JSON integer only (converting a float out of range is undefined
+// behaviour; fuzz_plan found "layer": 2.8e34), else an error naming the key.
+int64_t integer(const nlohmann::json& obj, const char* key) {
+  const nlohmann::json& v = obj.at(key);
+  if (!v.is_number_integer()) fail("plan.json: '{}' must be an integer, not a JSON {}", key, v.type_name());
+  return v.get<int64_t>();
+}
+int64_t integer_or(const nlohmann::json& obj, const char* key, int64_t fallback) {
+  return obj.is_object() && obj.contains(key) ? integer(obj, key) : fallback;
+}
+
+}  // namespace
 
 std::string plan_hash(const nlohmann::json& plan) { return sha256_hex(plan.dump()); }
 
@@ -15,19 +31,20 @@ std::string plan_markdown(const nlohmann::json& plan, const nlohmann::json& stat
   md += fmt::format("- model: `{}` ({}, {})\n", plan.at("model").at("path").get<std::string>(), plan.at("model").at("arch").get<std::string>(),
                     plan.at("model").at("format").get<std::string>());
   md += fmt::format("- shape: hidden {}, {} layers, {} heads / {} kv heads, head_dim {}, intermediate {}, vocab {}\n",
-                    spec.value("hidden", 0), spec.value("n_layers", 0), spec.value("n_heads", 0), spec.value("n_kv_heads", 0),
-                    spec.value("head_dim", 0), spec.value("intermediate", 0), spec.value("vocab", 0));
+                    integer_or(spec, "hidden", 0), integer_or(spec, "n_layers", 0), integer_or(spec, "n_heads", 0),
+                    integer_or(spec, "n_kv_heads", 0), integer_or(spec, "head_dim", 0), integer_or(spec, "intermediate", 0),
+                    integer_or(spec, "vocab", 0));
   // The target line: the cpu's section (ISA, threads), else the plan's own description.
   const std::string target = plan.at("target").get<std::string>();
   if (plan.contains("cpu"))
-    md += fmt::format("- target: {} ({}, {} threads)\n", target, plan.at("cpu").at("isa").get<std::string>(), plan.at("cpu").at("threads").get<int>());
+    md += fmt::format("- target: {} ({}, {} threads)\n", target, plan.at("cpu").at("isa").get<std::string>(), integer(plan.at("cpu"), "threads"));
   else
     md += fmt::format("- target: {}\n", plan.value("description", target));
   const nlohmann::json weights = plan.value("weights", nlohmann::json::object());
   if (weights.contains("mapped_bytes"))
     md += fmt::format("- weights: {}, {}; {} bytes mapped, {} bytes converted\n", weights.value("dtype", "bf16"),
-                      weights.at("residency").get<std::string>(), weights.at("mapped_bytes").get<int64_t>(),
-                      weights.at("converted_bytes").get<int64_t>());
+                      weights.at("residency").get<std::string>(), integer(weights, "mapped_bytes"),
+                      integer(weights, "converted_bytes"));
   else if (weights.contains("held")) {  // npusim: how each weight buffer is held (blocks or bf16) and why
     md += fmt::format("- weights: {}\n", weights.value("residency", "?"));
     for (const auto& [buffer, how] : weights.at("held").items()) md += fmt::format("  - `{}`: {}\n", buffer, how.get<std::string>());
@@ -41,7 +58,7 @@ std::string plan_markdown(const nlohmann::json& plan, const nlohmann::json& stat
   md += "## Kernels (one layer)\n\n| op | kernel | shape |\n|---|---|---|\n";
   for (const auto& d : plan.at("dispatches"))
     for (const auto& op : d.at("ops")) {
-      if (op.contains("layer") && op.at("layer").get<int64_t>() != 0) continue;
+      if (integer_or(op, "layer", 0) != 0) continue;
       md += fmt::format("| {} | {} | {} |\n", op.at("op").get<std::string>(), op.at("kernel").get<std::string>(), op.at("shape").get<std::string>());
     }
   md += "\n## Phases\n\n";
