@@ -216,6 +216,17 @@ def deployment_seeds(deployments, models):
         "generation_config.json")
 
 
+def manifest_seeds():
+    """manifest.json as fuzz_manifest's fixed deployment would have it (plan.json and
+    report.json "{}\n", model.gguf "GGUF model bytes\n"), then edited and damaged."""
+    h = lambda b: hashlib.sha256(b).hexdigest()
+    good = {"plan.json": h(b"{}\n"), "report.json": h(b"{}\n"), "model": {"model.gguf": h(b"GGUF model bytes\n")}}
+    put("manifest", json.dumps(good, indent=2), "matching.json")
+    put("manifest", json.dumps({**good, "report.json": "0" * 64, "model": {"model.gguf": 7}}), "edited.json")
+    put("manifest", json.dumps([good]), "array.json")
+    put("manifest", json.dumps({"plan.json": 1, "model": "x"}), "wrong_types.json")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf", type=pathlib.Path)
@@ -231,6 +242,7 @@ def main():
     tokenizer_seeds(args.shared)
     chat_seeds()
     serve_seeds()
+    manifest_seeds()
     deployment_seeds(args.deployment, args.synth_model)
     for p in sorted((ROOT / "devices").glob("*.json")):
         put("device", p.read_bytes(), p.stem)

@@ -108,6 +108,41 @@ void audit_thresholds(Auditor& a, const Deployment& dep) {
     a.add("thresholds", "fail", fmt::format("{} problem(s): {}", problems.size(), problems.front()));
 }
 
+}  // namespace
+
+std::vector<std::string> manifest_problems(const nlohmann::json& m, const Deployment& dep) {
+  if (!m.is_object()) return {fmt::format("manifest.json is damaged: a JSON {}, not an object", m.type_name())};
+  std::vector<std::string> bad;
+  // The recorded hash of `key` in `table`, or "" when it is absent or not a string.
+  auto recorded = [](const nlohmann::json& table, const std::string& key) {
+    const auto it = table.find(key);
+    return it != table.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  for (const char* f : {"plan.json", "report.json"})
+    if (recorded(m, f) != sha256_file_hex(dep.file(f).string())) bad.push_back(fmt::format("{} edited after the deploy", f));
+  const auto model = m.find("model");
+  if (model == m.end() || !model->is_object()) {
+    bad.push_back("manifest.json is damaged: no table of the model's files");
+    return bad;
+  }
+  const nlohmann::json identity = dep.identity();
+  const auto path = identity.find("model_path");
+  if (path == identity.end() || !path->is_string()) {
+    bad.push_back("state.json names no model path to check the model's files");
+    return bad;
+  }
+  for (const fs::path& f : model_files(path->get<std::string>())) {
+    const std::string name = f.filename().string();
+    if (!model->contains(name))
+      bad.push_back(fmt::format("model file {} is not in the manifest", name));
+    else if (recorded(*model, name) != sha256_file_hex(f.string()))
+      bad.push_back(fmt::format("model file {} changed since the deploy", name));
+  }
+  return bad;
+}
+
+namespace {
+
 void audit_hashes(Auditor& a, const Deployment& dep, const nlohmann::json& plan) {
   std::vector<std::string> bad;
   const nlohmann::json rec6 = dep.phase_record(6);
@@ -116,16 +151,10 @@ void audit_hashes(Auditor& a, const Deployment& dep, const nlohmann::json& plan)
     a.add("hashes", "fail", "no manifest.json: the deployment did not finish (or it was removed)");
     return;
   }
-  const nlohmann::json m = read_json_file(dep.file("manifest.json"));
-  for (const char* f : {"plan.json", "report.json"})
-    if (m.value(f, "") != sha256_file_hex(dep.file(f).string())) bad.push_back(fmt::format("{} edited after the deploy", f));
-  const std::string model_path = dep.identity().at("model_path");
-  for (const fs::path& f : model_files(model_path)) {
-    const std::string name = f.filename().string();
-    if (!m.contains("model") || !m["model"].contains(name))
-      bad.push_back(fmt::format("model file {} is not in the manifest", name));
-    else if (m["model"][name] != sha256_file_hex(f.string()))
-      bad.push_back(fmt::format("model file {} changed since the deploy", name));
+  try {
+    for (std::string& p : manifest_problems(read_json_file(dep.file("manifest.json")), dep)) bad.push_back(std::move(p));
+  } catch (const Error& e) {  // not JSON at all
+    bad.push_back(e.what());
   }
   if (bad.empty())
     a.add("hashes", "pass", "plan.json, report.json and the model's files hash as recorded");

@@ -56,6 +56,14 @@ struct AuditOptions {
   std::vector<std::string> perturbations;
 };
 
+class Deployment;
+
+// What manifest.json (parsed) says against the files it hashes: plan.json, report.json and
+// every model file, one line per file that does not hash as recorded. A manifest of the wrong
+// shape (not an object, a hash that is not a string, no model table) is a problem said as
+// such, never an exception: the file comes from disk and may have been edited or damaged.
+std::vector<std::string> manifest_problems(const nlohmann::json& manifest, const Deployment& dep);
+
 // Runs every check (a check that cannot run is a failing finding, never skipped) and writes
 // DIR/evaluation_report.md and DIR/evaluation.json. Throws only if DIR is not a deployment.
 AuditResult audit_deployment(const AuditOptions& opts);
