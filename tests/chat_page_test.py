@@ -19,7 +19,6 @@ import http.client
 import json
 import os
 import re
-import shutil
 import sys
 import time
 
@@ -28,23 +27,9 @@ import serve_e2e as e2e
 from serve_e2e import KEY, Server, check, failures
 
 
-def skip(why):
-    print(f"SKIPPED: {why}")
-    sys.exit(77)
-
-
-CHROMIUM = next((p for p in map(shutil.which, ["chromium", "chromium-browser", "google-chrome"]) if p), None)
-DRIVER = shutil.which("chromedriver")
-if not CHROMIUM or not DRIVER:
-    skip("headless Chromium and its driver are needed (Debian: apt install chromium chromium-driver)")
-os.environ.setdefault("SE_OFFLINE", "true")  # selenium must not look for a driver online
-try:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-except ImportError:
-    skip("the selenium package is missing from the test environment")
+from headless_chromium import chrome  # noqa: E402 (exits 77 when Chromium or selenium is missing)
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 
 def wait(driver, timeout):
@@ -52,12 +37,7 @@ def wait(driver, timeout):
 
 
 def browser(width=1000, height=700):
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for a in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              f"--window-size={width},{height + 150}", "--hide-scrollbars"]:
-        opts.add_argument(a)
-    d = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    d = chrome(width, height + 150)
     # The viewport itself width x height (--window-size counts the window's frame too).
     d.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
                       {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})

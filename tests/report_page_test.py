@@ -28,21 +28,7 @@ def check(ok, what):
         failures.append(what)
 
 
-def skip(why):
-    print(f"SKIPPED: {why}")
-    sys.exit(77)
-
-
-CHROMIUM = next((p for p in map(shutil.which, ["chromium", "chromium-browser", "google-chrome"]) if p), None)
-DRIVER = shutil.which("chromedriver")
-if not CHROMIUM or not DRIVER:
-    skip("headless Chromium and its driver are needed (Debian: apt install chromium chromium-driver)")
-os.environ.setdefault("SE_OFFLINE", "true")  # selenium must not look for a driver online
-try:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-except ImportError:
-    skip("the selenium package is missing from the test environment")
+from headless_chromium import chrome  # noqa: E402 (exits 77 when Chromium or selenium is missing)
 
 BIN = sys.argv[1]
 
@@ -57,13 +43,7 @@ def tessera(*args):
 
 
 def browser(width=1200, height=900):
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for a in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              f"--window-size={width},{height}", "--hide-scrollbars"]:
-        opts.add_argument(a)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    return webdriver.Chrome(service=Service(DRIVER), options=opts)
+    return chrome(width, height, {"goog:loggingPrefs": {"browser": "ALL", "performance": "ALL"}})
 
 
 # Every chart's box and the boxes of its marks, as the browser laid them out.
