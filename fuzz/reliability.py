@@ -7,6 +7,7 @@ fuzz/run.sh HOURS appends one line per harness run to, and fuzz/findings.md.
 A harness's campaign is the sum of its runs (each run starts from the corpus the earlier ones
 kept in build-fuzz/fuzz-corpus/); the goal is 10 million executions or one hour in all."""
 import csv
+import os
 import sys
 
 GOAL_EXECS, GOAL_SECONDS = 10_000_000, 3600
@@ -22,7 +23,10 @@ def num(v):
 def main():
     record, findings = sys.argv[1], sys.argv[2]
     rows = list(csv.DictReader(open(record), delimiter="\t"))
-    harnesses = sorted({r["harness"] for r in rows})
+    # Every harness in fuzz/ (fuzz_<name>.cc beside this script), run or not, and any in the record.
+    here = os.path.dirname(os.path.abspath(__file__))
+    built = {f[len("fuzz_"):-len(".cc")] for f in os.listdir(here) if f.startswith("fuzz_") and f.endswith(".cc")}
+    harnesses = sorted(built | {r["harness"] for r in rows})
     out = ["# Reliability: the fuzz campaign", ""]
     out.append("Written by `fuzz/reliability.py` from `fuzz/campaign.tsv`, the record `fuzz/run.sh HOURS` appends "
                "one line per harness run to. Every run: libFuzzer with ASan + UBSan, -O1 -g1, -timeout=1 "
@@ -35,6 +39,9 @@ def main():
     reached = 0
     for h in harnesses:
         rs = [r for r in rows if r["harness"] == h]
+        if not rs:
+            out.append(f"| {h} | 0 | 0 | 0 | - | - | 0 | not yet (no campaign run) |")
+            continue
         secs = sum(num(r["seconds"]) or 0 for r in rs)
         execs = sum(num(r["executions"]) or 0 for r in rs)
         crashes = sum(num(r["crashing_inputs"]) or 0 for r in rs)
