@@ -25,8 +25,8 @@ def main():
     rows = list(csv.DictReader(open(record), delimiter="\t"))
     # Every harness in fuzz/ (fuzz_<name>.cc beside this script), run or not, and any in the record.
     here = os.path.dirname(os.path.abspath(__file__))
-    built = {f[len("fuzz_"):-len(".cc")] for f in os.listdir(here) if f.startswith("fuzz_") and f.endswith(".cc")}
-    harnesses = sorted(built | {r["harness"] for r in rows})
+    sources = {f[len("fuzz_"):-len(".cc")] for f in os.listdir(here) if f.startswith("fuzz_") and f.endswith(".cc")}
+    harnesses = sorted(sources | {r["harness"] for r in rows})
     out = ["# Reliability: the fuzz campaign", ""]
     out.append("Written by `fuzz/reliability.py` from `fuzz/campaign.tsv`, the record `fuzz/run.sh HOURS` appends "
                "one line per harness run to. Every run: libFuzzer with ASan + UBSan, -O1 -g1, -timeout=1 "
