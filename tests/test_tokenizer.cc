@@ -481,6 +481,35 @@ TEST(Tokenizer, GgufPreTokenizersAndRefusals) {
                "unsupported tokenizer feature: tokenizer.ggml.model 'llama' (SentencePiece)");
 }
 
+// fuzz_gguf (the campaign, 2026-12-06): a token type far outside int's range (2.7e9 in a
+// truncated copy of the default model's header; the input is fuzz/corpus/gguf/crash-token-type)
+// was converted to int, undefined behaviour; a token type that is not an integer 0-6 is now
+// refused by name.
+TEST(Tokenizer, FuzzTokenTypeOutOfRangeIsRefused) {
+  ScratchDir dir("tok_gguf_type");
+  const std::string path = dir.str("t.gguf");
+  for (const auto& [type, elem] : std::vector<std::pair<double, GgufValue::Type>>{
+           {2697200000.0, GgufValue::Type::U32}, {-1, GgufValue::Type::I32}, {7, GgufValue::Type::I32},
+           {1.5, GgufValue::Type::F32}}) {
+    SCOPED_TRACE(type);
+    GgufWriter w(path);
+    w.add_string("tokenizer.ggml.model", "gpt2");
+    std::vector<std::string> tokens;
+    std::vector<double> types;
+    for (int b = 0; b < 256; ++b) tokens.push_back(byte_level::byte_to_utf8(uint8_t(b))), types.push_back(1);
+    types[42] = type;
+    w.add_array("tokenizer.ggml.tokens", tokens);
+    w.add_array("tokenizer.ggml.token_type", elem, types);
+    w.add_array("tokenizer.ggml.merges", std::vector<std::string>{});
+    w.close();
+    expect_error([&] { Tokenizer::from_gguf(GgufFile::open(path)); },
+                 "tokenizer.ggml.token_type of token 42 is");
+  }
+  const std::string verbatim = std::string(TESSERA_SOURCE_DIR) + "/fuzz/corpus/gguf/crash-token-type";
+  ASSERT_TRUE(fs::exists(verbatim));
+  expect_error([&] { Tokenizer::from_gguf(GgufFile::open(verbatim)); }, "tokenizer.ggml.token_type of token");
+}
+
 // ---- the CLI -------------------------------------------------------------------------------
 
 TEST(TokenizeCli, TokenizeAndDetokenize) {

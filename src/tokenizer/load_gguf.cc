@@ -1,6 +1,8 @@
 // GGUF tokenizer metadata (tokenizer.ggml.*) into the same structure tokenizer.json gives:
 // the byte-level BPE of Hugging Face's original file, rebuilt from the vocabulary, the
 // merges, the token types and the pre-tokenizer name llama.cpp's converter recorded.
+#include <cmath>
+
 #include "io/gguf.h"
 #include "tokenizer/tokenizer_data.h"
 #include "tokenizer/unicode.h"
@@ -62,6 +64,10 @@ void load_tokenizer_gguf(const GgufFile& g, TokenizerData& d) {
   if (const GgufValue* t = g.find("tokenizer.ggml.token_type")) types = t->numbers;
   if (!types.empty() && types.size() != tokens.size())
     fail("{}: tokenizer.ggml.token_type has {} entries for {} tokens", path, types.size(), tokens.size());
+  for (size_t id = 0; id < types.size(); ++id)  // checked before any is converted to int
+    if (!(types[id] >= 0 && types[id] <= 6 && types[id] == std::floor(types[id])))
+      fail("{}: tokenizer.ggml.token_type of token {} is {}, not a GGUF token type (an integer 0-6)", path, id,
+           types[id]);
 
   std::string pre = "default";  // llama.cpp's choice when the converter recorded none
   if (const GgufValue* p = g.find("tokenizer.ggml.pre")) pre = p->as_string();
