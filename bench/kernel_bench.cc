@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -290,7 +291,7 @@ void bench_attention(ThreadPool& pool) {
   for (const A& m : models) {
     for (int64_t ctx : {128, 512, 2048}) {
       const int64_t kv_dim = m.nkv * hd;
-      KvCache cache(1, kv_dim);
+      KvCache cache(1, m.nkv, hd);
       std::mt19937 rng(3);
       std::normal_distribution<float> d;
       std::vector<float> kv(size_t(ctx * kv_dim));
@@ -312,6 +313,45 @@ void bench_attention(ThreadPool& pool) {
                   flops / tp / 1e9);
     }
   }
+}
+
+// Decode attention as the model meets it: the sequences' caches (1B: 8 kv heads of 64)
+// evicted from the CPU caches before each call (a decode step streams the weights between two
+// layers' attention). 1 row (one stream) and 8 rows (a batched step) at contexts 128 and 2048.
+// Median of the calls, with their range.
+void bench_attention_rows_cold(ThreadPool& pool) {
+  const int64_t nh = 32, nkv = 8, hd = 64, kv_dim = nkv * hd;
+  std::vector<uint8_t> evict(size_t(256) << 20, 1);
+  uint64_t sink = 0;
+  for (int64_t rows : {1, 8})
+    for (int64_t ctx : {128, 2048}) {
+      std::mt19937 rng(5);
+      std::normal_distribution<float> d;
+      std::vector<std::unique_ptr<KvCache>> caches;
+      std::vector<float> kv(size_t(ctx * kv_dim)), q(size_t(rows * nh * hd)), out(q.size());
+      for (auto& v : q) v = d(rng);
+      std::vector<AttentionRow> ar;
+      for (int64_t r = 0; r < rows; ++r) {
+        caches.push_back(std::make_unique<KvCache>(1, nkv, hd));
+        for (auto& v : kv) v = d(rng);
+        caches.back()->write(0, 0, kv.data(), kv.data(), ctx);
+        ar.push_back({q.data() + r * nh * hd, caches.back().get(), ctx - 1, out.data() + r * nh * hd});
+      }
+      std::vector<double> us;
+      for (int rep = 0; rep < (g_quick ? 11 : 31); ++rep) {
+        for (size_t i = 0; i < evict.size(); i += 64) sink += evict[i]++;
+        const auto t0 = Clock::now();
+        if (rows == 1)
+          attention(q.data(), 1, ctx - 1, *caches[0], 0, nh, nkv, hd, 0.125f, out.data(), pool);
+        else
+          attention_rows(ar, 0, nh, nkv, hd, 0.125f, pool);
+        us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+      }
+      std::sort(us.begin(), us.end());
+      std::printf("  attn 1B   decode of %ld row%s, ctx=%-5ld from DRAM: %8.1f us/layer (median; range %.1f-%.1f)\n",
+                  long(rows), rows > 1 ? "s" : " ", long(ctx), us[us.size() / 2], us.front(), us.back());
+    }
+  if (sink == 42) std::printf(" \n");
 }
 
 void bench_pool(ThreadPool& pool) {
@@ -368,6 +408,7 @@ int main(int argc, char** argv) {
       if (want("gemm")) bench_gemm(pool);
       if (want("qgemm")) bench_quantized_gemm(pool);
       if (want("attn")) bench_attention(pool);
+      if (want("attn")) bench_attention_rows_cold(pool);
     }
     set_isa("auto");
   }

@@ -337,7 +337,7 @@ void check_attention(int64_t n_heads, int64_t n_kv, int64_t hd, int64_t pos0, in
   const auto k = randn(size_t(ctx * kv_dim), uint32_t(ctx), 1.5f);
   const auto v = randn(size_t(ctx * kv_dim), uint32_t(ctx + 1));
   const auto q = randn(size_t(T * n_heads * hd), uint32_t(ctx + 2), 1.5f);
-  cpu::KvCache cache(2, kv_dim);
+  cpu::KvCache cache(2, n_kv, hd);
   // Earlier positions first (as a prefill would), then this call's rows.
   if (pos0 > 0) cache.write(1, 0, k.data(), v.data(), pos0);
   cache.write(1, pos0, k.data() + pos0 * kv_dim, v.data() + pos0 * kv_dim, T);
@@ -376,7 +376,7 @@ TEST(CpuKernels, AttentionRowsAreEachRowAloneBitForBit) {
   std::vector<std::vector<float>> qs;
   for (size_t i = 0; i < positions.size(); ++i) {
     const int64_t ctx = positions[i] + 1;
-    caches.push_back(std::make_unique<cpu::KvCache>(layers, kv_dim));
+    caches.push_back(std::make_unique<cpu::KvCache>(layers, n_kv, hd));
     const auto k = randn(size_t(ctx * kv_dim), uint32_t(10 + i), 1.5f);
     const auto v = randn(size_t(ctx * kv_dim), uint32_t(20 + i));
     caches.back()->write(1, 0, k.data(), v.data(), ctx);
@@ -402,7 +402,7 @@ TEST(CpuKernels, AttentionRowsAreEachRowAloneBitForBit) {
 
 TEST(CpuKernels, AttentionRejectsMissingPositions) {
   ThreadPool pool(2);
-  cpu::KvCache cache(1, 16);
+  cpu::KvCache cache(1, 1, 16);
   std::vector<float> kv(16 * 4, 0.5f), q(2 * 2 * 16, 1.0f), out(q.size());
   cache.write(0, 0, kv.data(), kv.data(), 3);
   EXPECT_THROW(cpu::attention(q.data(), 2, 2, cache, 0, 2, 1, 16, 0.25f, out.data(), pool), std::exception);
@@ -410,8 +410,9 @@ TEST(CpuKernels, AttentionRejectsMissingPositions) {
 }
 
 TEST(CpuKernels, KvCacheGrowsAcrossManyWrites) {
-  const int64_t layers = 3, kv_dim = 40, steps = 700;
-  cpu::KvCache cache(layers, kv_dim);
+  // Two kv heads: each head's block moves to its new place when the cache grows.
+  const int64_t layers = 3, heads = 2, hd = 20, kv_dim = heads * hd, steps = 700;
+  cpu::KvCache cache(layers, heads, hd);
   EXPECT_EQ(cache.bytes_per_position(), layers * kv_dim * 2 * 2);
   const auto k = randn(size_t(steps * kv_dim), 1, 3.0f);
   const auto v = randn(size_t(steps * kv_dim), 2, 3.0f);

@@ -270,9 +270,14 @@ KvCache::Storage::~Storage() {
   }
 }
 
-KvCache::KvCache(int64_t n_layers, int64_t kv_dim)
-    : n_layers_(n_layers), kv_dim_(kv_dim), storage_(std::make_unique<Storage>()) {
-  if (n_layers <= 0 || kv_dim <= 0) fail("KvCache needs layers and kv_dim > 0 (got {}, {})", n_layers, kv_dim);
+KvCache::KvCache(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim)
+    : n_layers_(n_layers),
+      n_kv_heads_(n_kv_heads),
+      head_dim_(head_dim),
+      kv_dim_(n_kv_heads * head_dim),
+      storage_(std::make_unique<Storage>()) {
+  if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0)
+    fail("KvCache needs layers, kv heads and head_dim > 0 (got {}, {}, {})", n_layers, n_kv_heads, head_dim);
   storage_->layers.resize(size_t(n_layers));
 }
 
@@ -285,15 +290,16 @@ void KvCache::write(int64_t layer, int64_t pos, const float* k, const float* v, 
   if (pos < 0 || T < 0) fail("KvCache write at negative position");
   Storage::Layer& L = storage_->layers[size_t(layer)];
   const int64_t need = pos + T;
+  const int64_t hd = head_dim_, heads = n_kv_heads_;
   if (need > L.capacity) {
     const int64_t cap = (std::max({need, L.capacity * 2, int64_t(64)}) + kKTile - 1) / kKTile * kKTile;
     uint16_t* nk = alloc_u16(cap * kv_dim_);
     uint16_t* nv = alloc_u16(cap * kv_dim_);
     std::memset(nk, 0, size_t(cap * kv_dim_) * 2);  // positions beyond length stay zero
     std::memset(nv, 0, size_t(cap * kv_dim_) * 2);
-    if (L.capacity > 0) {
-      std::memcpy(nk, L.k, size_t(L.capacity * kv_dim_) * 2);  // whole tiles; same layout
-      std::memcpy(nv, L.v, size_t(L.length * kv_dim_) * 2);
+    for (int64_t h = 0; h < heads && L.capacity > 0; ++h) {  // each head's block moves to its new place
+      std::memcpy(nk + h * cap * hd, L.k_head(h, hd), size_t(L.capacity * hd) * 2);  // whole tiles; same layout
+      std::memcpy(nv + h * cap * hd, L.v_head(h, hd), size_t(L.length * hd) * 2);
     }
     std::free(L.k);
     std::free(L.v);
@@ -302,16 +308,22 @@ void KvCache::write(int64_t layer, int64_t pos, const float* k, const float* v, 
     L.capacity = cap;
   }
   // A gap (pos > length) is already zero: storage beyond length is never written.
-  thread_local std::vector<uint16_t> kh;
+  thread_local std::vector<uint16_t> kh, vh;
   if (kh.size() < size_t(T * kv_dim_)) kh.resize(size_t(T * kv_dim_));
+  if (vh.size() < size_t(T * kv_dim_)) vh.resize(size_t(T * kv_dim_));
   f32_to_f16(k, kh.data(), T * kv_dim_);
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t p = pos + t;
-    uint16_t* dst = L.k + k_tile_index(p, 0, kv_dim_);
-    const uint16_t* src = kh.data() + t * kv_dim_;
-    for (int64_t c = 0; c < kv_dim_; ++c) dst[c * kKTile] = src[c];
+  f32_to_f16(v, vh.data(), T * kv_dim_);
+  for (int64_t h = 0; h < heads; ++h) {
+    uint16_t* kd = L.k + h * L.capacity * hd;
+    uint16_t* vd = L.v + h * L.capacity * hd;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t p = pos + t;
+      const uint16_t* ks = kh.data() + t * kv_dim_ + h * hd;
+      uint16_t* dst = kd + k_tile_index(p, 0, hd);
+      for (int64_t c = 0; c < hd; ++c) dst[c * kKTile] = ks[c];
+      std::memcpy(vd + p * hd, vh.data() + t * kv_dim_ + h * hd, size_t(hd) * 2);
+    }
   }
-  f32_to_f16(v, L.v + pos * kv_dim_, T * kv_dim_);
   L.length = std::max(L.length, need);
 }
 
@@ -319,14 +331,15 @@ void KvCache::read_k(int64_t layer, int64_t pos, float* out) const {
   if (layer < 0 || layer >= n_layers_) fail("KvCache layer {} out of range ({} layers)", layer, n_layers_);
   const Storage::Layer& L = storage_->layers[size_t(layer)];
   if (pos < 0 || pos >= L.length) fail("KvCache position {} not written (layer {} holds {})", pos, layer, L.length);
-  for (int64_t i = 0; i < kv_dim_; ++i) out[i] = f16_to_f32(L.k[k_tile_index(pos, i, kv_dim_)]);
+  for (int64_t i = 0; i < kv_dim_; ++i)
+    out[i] = f16_to_f32(L.k_head(i / head_dim_, head_dim_)[k_tile_index(pos, i % head_dim_, head_dim_)]);
 }
 
 void KvCache::read_v(int64_t layer, int64_t pos, float* out) const {
   if (layer < 0 || layer >= n_layers_) fail("KvCache layer {} out of range ({} layers)", layer, n_layers_);
   const Storage::Layer& L = storage_->layers[size_t(layer)];
   if (pos < 0 || pos >= L.length) fail("KvCache position {} not written (layer {} holds {})", pos, layer, L.length);
-  for (int64_t i = 0; i < kv_dim_; ++i) out[i] = f16_to_f32(L.v[pos * kv_dim_ + i]);
+  for (int64_t i = 0; i < kv_dim_; ++i) out[i] = f16_to_f32(L.v_head(i / head_dim_, head_dim_)[pos * head_dim_ + i % head_dim_]);
 }
 
 // ---------------------------------------------------------------- attention
@@ -365,7 +378,7 @@ void merge_key_chunks(const float* p, int64_t C, int64_t part_stride, int64_t hd
 // key chunk c of C (keys [0, n_keys) in chunks of clen). C == 1: the normalized output goes to
 // out (the row); else the chunk's partial (max, sum of exp, unnormalized output) goes to
 // part (the row's parts: head h's chunk c at (h * C + c) * (hd + 2)) for merge_key_chunks.
-void attend_key_chunk(const float* q, float* out, float* part, const KvCache::Storage::Layer& L, int64_t kv_dim,
+void attend_key_chunk(const float* q, float* out, float* part, const KvCache::Storage::Layer& L,
                       int64_t kvh, int64_t c, int64_t C, int64_t clen, int64_t n_keys, int64_t group, int64_t hd,
                       float scale) {
   thread_local std::vector<float> ml, ob;
@@ -374,7 +387,7 @@ void attend_key_chunk(const float* q, float* out, float* part, const KvCache::St
   const int64_t j0 = std::min(n_keys, c * clen), j1 = std::min(n_keys, (c + 1) * clen);
   float* m = ml.data();
   float* l = m + group;
-  attn_chunk_hwy(q + kvh * group * hd, hd, int(group), L.k, kvh * hd, L.v + kvh * hd, kv_dim, hd, j0, j1, scale, m, l,
+  attn_chunk_hwy(q + kvh * group * hd, hd, int(group), L.k_head(kvh, hd), L.v_head(kvh, hd), hd, j0, j1, scale, m, l,
                  ob.data());
   for (int64_t g = 0; g < group; ++g) {
     const int64_t h = kvh * group + g;
@@ -397,14 +410,15 @@ void attention(const float* q, int64_t T, int64_t pos0, const KvCache& cache, in
   if (T <= 0) return;
   if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
     fail("attention: {} heads are not a multiple of {} kv heads", n_heads, n_kv_heads);
-  if (n_kv_heads * head_dim != cache.kv_dim())
-    fail("attention: kv heads x head_dim = {} but the cache holds rows of {}", n_kv_heads * head_dim, cache.kv_dim());
+  if (n_kv_heads != cache.n_kv_heads() || head_dim != cache.head_dim())
+    fail("attention: {} kv heads of {} but the cache holds {} of {}", n_kv_heads, head_dim, cache.n_kv_heads(),
+         cache.head_dim());
   if (layer < 0 || layer >= cache.n_layers()) fail("attention: layer {} out of range", layer);
   const KvCache::Storage::Layer& L = cache.storage().layers[size_t(layer)];
   const int64_t ctx = pos0 + T;
   if (pos0 < 0 || ctx > L.length) fail("attention: positions up to {} needed, the cache holds {}", ctx, L.length);
 
-  const int64_t group = n_heads / n_kv_heads, hd = head_dim, kv_dim = cache.kv_dim();
+  const int64_t group = n_heads / n_kv_heads, hd = head_dim;
   const int64_t q_row = n_heads * hd;
 
   if (T >= 8 && hd <= 1024 && hd % f32_lanes_hwy() == 0) {
@@ -419,7 +433,7 @@ void attention(const float* q, int64_t T, int64_t pos0, const KvCache& cache, in
     float* vf = vf_buf.data();
     pool.parallel_for(n_kv_heads, [&](int64_t b, int64_t e) {
       for (int64_t h = b; h < e; ++h)
-        k_transpose_hwy(L.k, h * hd, L.v + h * hd, kv_dim, hd, ctx, ld, kt + h * hd * ld, vf + h * hd * ctx);
+        k_transpose_hwy(L.k_head(h, hd), L.v_head(h, hd), hd, ctx, ld, kt + h * hd * ld, vf + h * hd * ctx);
     });
     const int64_t TB = std::max<int64_t>(1, 32 / group);
     const int64_t tblocks = (T + TB - 1) / TB;
@@ -464,7 +478,7 @@ void attention(const float* q, int64_t T, int64_t pos0, const KvCache& cache, in
       // Heaviest query rows (latest positions) first.
       const int64_t t = T - 1 - job / (n_kv_heads * C);
       const int64_t r = job % (n_kv_heads * C);
-      attend_key_chunk(q + t * q_row, out + t * q_row, part + t * n_heads * C * part_stride, L, kv_dim, r / C, r % C, C,
+      attend_key_chunk(q + t * q_row, out + t * q_row, part + t * n_heads * C * part_stride, L, r / C, r % C, C,
                        clen, pos0 + t + 1, group, hd, scale);
     }
   };
@@ -485,20 +499,21 @@ void attention_rows(std::span<const AttentionRow> rows, int64_t layer, int64_t n
   // Per row: its cache layer and its key chunks, as attention() of that row alone (T = 1).
   struct Row {
     const KvCache::Storage::Layer* L;
-    int64_t kv_dim, n_keys, C, clen, first_job, part;
+    int64_t n_keys, C, clen, first_job, part;
   };
   std::vector<Row> rs(rows.size());
   int64_t jobs = 0, parts = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     const AttentionRow& a = rows[i];
-    if (n_kv_heads * hd != a.cache->kv_dim())
-      fail("attention: kv heads x head_dim = {} but the cache holds rows of {}", n_kv_heads * hd, a.cache->kv_dim());
+    if (n_kv_heads != a.cache->n_kv_heads() || hd != a.cache->head_dim())
+      fail("attention: {} kv heads of {} but the cache holds {} of {}", n_kv_heads, hd, a.cache->n_kv_heads(),
+           a.cache->head_dim());
     if (layer < 0 || layer >= a.cache->n_layers()) fail("attention: layer {} out of range", layer);
     const KvCache::Storage::Layer& L = a.cache->storage().layers[size_t(layer)];
     if (a.pos < 0 || a.pos + 1 > L.length)
       fail("attention: positions up to {} needed, the cache holds {}", a.pos + 1, L.length);
     const KeyChunks kc = key_chunks(n_kv_heads, a.pos + 1, pool);
-    rs[i] = {&L, a.cache->kv_dim(), a.pos + 1, kc.count, kc.length, jobs, parts};
+    rs[i] = {&L, a.pos + 1, kc.count, kc.length, jobs, parts};
     jobs += n_kv_heads * kc.count;
     if (kc.count > 1) parts += n_heads * kc.count * part_stride;
   }
@@ -511,7 +526,7 @@ void attention_rows(std::span<const AttentionRow> rows, int64_t layer, int64_t n
       while (i + 1 < rs.size() && job >= rs[i + 1].first_job) ++i;
       const Row& R = rs[i];
       const int64_t r = job - R.first_job;
-      attend_key_chunk(rows[i].q, rows[i].out, part + R.part, *R.L, R.kv_dim, r / R.C, r % R.C, R.C, R.clen, R.n_keys,
+      attend_key_chunk(rows[i].q, rows[i].out, part + R.part, *R.L, r / R.C, r % R.C, R.C, R.clen, R.n_keys,
                        group, hd, scale);
     }
   }, jobs >= 4 * pool.size() ? 1 : 0);

@@ -125,7 +125,7 @@ void embedding(const WeightMatrix& table, const int32_t* ids, int64_t T, float* 
 // context up front). The storage type is the cache's business; rows go in and out as fp32.
 class KvCache {
  public:
-  KvCache(int64_t n_layers, int64_t kv_dim);
+  KvCache(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim);
   ~KvCache();
   // Stores T rows of keys and values for positions [pos, pos + T) of `layer`.
   void write(int64_t layer, int64_t pos, const float* k, const float* v, int64_t T);
@@ -133,6 +133,8 @@ class KvCache {
   void read_k(int64_t layer, int64_t pos, float* out) const;
   void read_v(int64_t layer, int64_t pos, float* out) const;
   int64_t kv_dim() const { return kv_dim_; }
+  int64_t n_kv_heads() const { return n_kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
   int64_t n_layers() const { return n_layers_; }
   int64_t bytes_per_position() const;  // all layers, keys and values
 
@@ -140,7 +142,7 @@ class KvCache {
   const Storage& storage() const { return *storage_; }
 
  private:
-  int64_t n_layers_, kv_dim_;
+  int64_t n_layers_, n_kv_heads_, head_dim_, kv_dim_;
   std::unique_ptr<Storage> storage_;
 };
 

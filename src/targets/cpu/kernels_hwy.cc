@@ -313,10 +313,9 @@ inline float f16_to_f32(uint16_t h) {
 using DT = hn::CappedTag<float, kKTile>;
 
 // NB query heads (qs[g], hd values) against keys/values [j0, j1) of the tiled key cache k
-// (first column c0) and value rows v (stride kv_dim). s: scratch of NB * ns floats.
+// and value rows v of one kv head's block (KvCache::Storage). s: scratch of NB * ns floats.
 template <int NB>
-HWY_INLINE void AttnChunkHeads(const float* const* qs, const uint16_t* k, int64_t c0, const uint16_t* v,
-                               int64_t kv_dim, int64_t hd, int64_t j0, int64_t j1, float scale, float* s,
+HWY_INLINE void AttnChunkHeads(const float* const* qs, const uint16_t* k, const uint16_t* v, int64_t hd, int64_t j0, int64_t j1, float scale, float* s,
                                int64_t ns, float* m, float* l, float* const* os) {
   const DF df;
   const DT dt;
@@ -326,16 +325,23 @@ HWY_INLINE void AttnChunkHeads(const float* const* qs, const uint16_t* k, int64_
   const int64_t tb0 = j0 / kKTile, tb1 = (j1 + kKTile - 1) / kKTile;
   // Scores of whole tiles: lanes are positions, so no horizontal sums.
   const auto vst = hn::Set(dt, scale);
-  // In a decode step the cache rows come from DRAM (the weights streamed since evicted them),
-  // a head's tile of keys is hd x 32 bytes with the other heads' between, and the hardware
-  // prefetchers stop at 4 KiB pages: ask for the keys two tiles ahead, the values 16 rows ahead.
+  // In a decode step the cache rows come from DRAM (the weights streamed since evicted them)
+  // and the hardware prefetchers stop at 4 KiB pages: ask for the keys two tiles ahead, and
+  // for each tile's value rows while its scores are computed.
   const int64_t tile_bytes = hd * kKTile * 2;
   for (int64_t tb = tb0; tb < tb1; ++tb) {
-    const uint16_t* kb = k + tb * kKTile * kv_dim + c0 * kKTile;
+    const uint16_t* kb = k + tb * kKTile * hd;
     if (tb + 2 < tb1) {
-      const char* ahead = reinterpret_cast<const char*>(kb + 2 * kKTile * kv_dim);
+      const char* ahead = reinterpret_cast<const char*>(kb + 2 * kKTile * hd);
       for (int64_t line = 0; line < tile_bytes; line += 64) hwy::Prefetch(ahead + line);
     }
+    // The tile's value rows into L2: the value loop below is too short per row for its own
+    // prefetch, 16 rows ahead, to cover a DRAM miss (tessera_kernel_bench --only attn, 1
+    // thread, 8 sequences of the 1B model at context 128, caches evicted: 255-267 us per layer
+    // against 300-317 without).
+    for (int64_t j = std::max(j0, tb * kKTile); j < std::min(j1, (tb + 1) * kKTile); ++j)
+      for (int64_t line = 0; line < hd * 2; line += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(v + j * hd) + line, 0, 2);
     for (int64_t i0 = 0; i0 < kKTile; i0 += Lt) {
       hn::Vec<DT> a[NB], b[NB];
       for (int g = 0; g < NB; ++g) a[g] = b[g] = hn::Zero(dt);
@@ -391,9 +397,9 @@ HWY_INLINE void AttnChunkHeads(const float* const* qs, const uint16_t* k, int64_
     for (int g = 0; g < NB; ++g)
       for (int bb = 0; bb < 4; ++bb) acc[g][bb] = hn::Zero(df);
     for (int64_t j = 0; j < n; ++j) {
-      const uint16_t* vr = v + (j0 + j) * kv_dim + d0;
+      const uint16_t* vr = v + (j0 + j) * hd + d0;
       if (d0 == 0 && j + 16 < n)
-        for (int64_t line = 0; line < hd * 2; line += 64) hwy::Prefetch(reinterpret_cast<const char*>(vr + 16 * kv_dim) + line);
+        for (int64_t line = 0; line < hd * 2; line += 64) hwy::Prefetch(reinterpret_cast<const char*>(vr + 16 * hd) + line);
       VF p[NB];
       for (int g = 0; g < NB; ++g) p[g] = hn::Set(df, sg[g][j]);
       for (int bb = 0; bb < 4; ++bb) {
@@ -408,7 +414,7 @@ HWY_INLINE void AttnChunkHeads(const float* const* qs, const uint16_t* k, int64_
   for (int64_t d = hdv; d < hd; ++d) {
     float acc[NB] = {};
     for (int64_t j = 0; j < n; ++j) {
-      const float vd = f16_to_f32(v[(j0 + j) * kv_dim + d]);
+      const float vd = f16_to_f32(v[(j0 + j) * hd + d]);
       for (int g = 0; g < NB; ++g) acc[g] += sg[g][j] * vd;
     }
     for (int g = 0; g < NB; ++g) os[g][d] = acc[g];
@@ -416,8 +422,8 @@ HWY_INLINE void AttnChunkHeads(const float* const* qs, const uint16_t* k, int64_
 }
 
 // Up to 4 query heads at a time against keys/values [j0, j1).
-void AttnChunk(const float* q, int64_t q_stride, int ng, const uint16_t* k, int64_t c0, const uint16_t* v,
-               int64_t kv_dim, int64_t hd, int64_t j0, int64_t j1, float scale, float* m, float* l, float* o) {
+void AttnChunk(const float* q, int64_t q_stride, int ng, const uint16_t* k, const uint16_t* v, int64_t hd, int64_t j0,
+               int64_t j1, float scale, float* m, float* l, float* o) {
   const int64_t n = j1 - j0;
   if (n <= 0) {
     for (int g = 0; g < ng; ++g) {
@@ -440,17 +446,17 @@ void AttnChunk(const float* q, int64_t q_stride, int ng, const uint16_t* k, int6
       os[g] = o + (g0 + g) * hd;
     }
     switch (nb) {
-      case 1: AttnChunkHeads<1>(qs, k, c0, v, kv_dim, hd, j0, j1, scale, s, ns, m + g0, l + g0, os); break;
-      case 2: AttnChunkHeads<2>(qs, k, c0, v, kv_dim, hd, j0, j1, scale, s, ns, m + g0, l + g0, os); break;
-      case 3: AttnChunkHeads<3>(qs, k, c0, v, kv_dim, hd, j0, j1, scale, s, ns, m + g0, l + g0, os); break;
-      default: AttnChunkHeads<4>(qs, k, c0, v, kv_dim, hd, j0, j1, scale, s, ns, m + g0, l + g0, os); break;
+      case 1: AttnChunkHeads<1>(qs, k, v, hd, j0, j1, scale, s, ns, m + g0, l + g0, os); break;
+      case 2: AttnChunkHeads<2>(qs, k, v, hd, j0, j1, scale, s, ns, m + g0, l + g0, os); break;
+      case 3: AttnChunkHeads<3>(qs, k, v, hd, j0, j1, scale, s, ns, m + g0, l + g0, os); break;
+      default: AttnChunkHeads<4>(qs, k, v, hd, j0, j1, scale, s, ns, m + g0, l + g0, os); break;
     }
   }
 }
 
-// Keys [0, n) of one kv head (tiled fp16, first column c0) -> fp32 transposed kt[d * ld + j];
-// columns [n, ld) are zeroed. Values (rows, stride kv_dim) -> fp32 rows vf[j * hd + d].
-void KTranspose(const uint16_t* k, int64_t c0, const uint16_t* v, int64_t kv_dim, int64_t hd, int64_t n,
+// Keys [0, n) of one kv head's block (tiled fp16) -> fp32 transposed kt[d * ld + j]; columns
+// [n, ld) are zeroed. Values (rows of hd) -> fp32 rows vf[j * hd + d].
+void KTranspose(const uint16_t* k, const uint16_t* v, int64_t hd, int64_t n,
                 int64_t ld, float* kt, float* vf) {
   const DF df;
   const DT dt;
@@ -459,14 +465,14 @@ void KTranspose(const uint16_t* k, int64_t c0, const uint16_t* v, int64_t kv_dim
   const int64_t L = int64_t(hn::Lanes(df)), Lt = int64_t(hn::Lanes(dt));
   const int64_t ntiles = (n + kKTile - 1) / kKTile;  // ld >= ntiles * kKTile
   for (int64_t tb = 0; tb < ntiles; ++tb) {
-    const uint16_t* kb = k + tb * kKTile * kv_dim + c0 * kKTile;
+    const uint16_t* kb = k + tb * kKTile * hd;
     for (int64_t d = 0; d < hd; ++d)
       for (int64_t i0 = 0; i0 < kKTile; i0 += Lt)
         hn::StoreU(hn::PromoteTo(dt, hn::LoadU(dht, reinterpret_cast<const hwy::float16_t*>(kb + d * kKTile + i0))),
                    dt, kt + d * ld + tb * kKTile + i0);
   }
   for (int64_t j = 0; j < n; ++j) {
-    const uint16_t* vr = v + j * kv_dim;
+    const uint16_t* vr = v + j * hd;
     float* vo = vf + j * hd;
     int64_t d = 0;
     for (; d + L <= hd; d += L)
@@ -780,15 +786,14 @@ void add_hwy(float* h, const float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(Add)(h,
 void bf16_rows_to_f32_hwy(const uint16_t* src, float* dst, int64_t n) {
   HWY_DYNAMIC_DISPATCH(Bf16ToF32)(src, dst, n);
 }
-void attn_chunk_hwy(const float* q, int64_t q_stride, int ng, const uint16_t* k, int64_t c0, const uint16_t* v,
-                    int64_t kv_dim, int64_t hd, int64_t j0, int64_t j1, float scale, float* m, float* l,
-                    float* o) {
-  HWY_DYNAMIC_DISPATCH(AttnChunk)(q, q_stride, ng, k, c0, v, kv_dim, hd, j0, j1, scale, m, l, o);
+void attn_chunk_hwy(const float* q, int64_t q_stride, int ng, const uint16_t* k, const uint16_t* v, int64_t hd,
+                    int64_t j0, int64_t j1, float scale, float* m, float* l, float* o) {
+  HWY_DYNAMIC_DISPATCH(AttnChunk)(q, q_stride, ng, k, v, hd, j0, j1, scale, m, l, o);
 }
 
-void k_transpose_hwy(const uint16_t* k, int64_t c0, const uint16_t* v, int64_t kv_dim, int64_t hd, int64_t n,
+void k_transpose_hwy(const uint16_t* k, const uint16_t* v, int64_t hd, int64_t n,
                      int64_t ld, float* kt, float* vf) {
-  HWY_DYNAMIC_DISPATCH(KTranspose)(k, c0, v, kv_dim, hd, n, ld, kt, vf);
+  HWY_DYNAMIC_DISPATCH(KTranspose)(k, v, hd, n, ld, kt, vf);
 }
 void attn_rows_hwy(const float* const* q_rows, float* const* out_rows, const int64_t* limit, int R, const float* kt,
                    int64_t ld, const float* v, int64_t hd, float scale) {

@@ -9,14 +9,18 @@ namespace tessera::cpu {
 
 struct Q8Row;  // cpu/quant.h
 
-// The KV cache's storage: per layer, fp16. Values are rows [capacity, kv_dim]. Keys are tiled
-// by kKTile positions: [capacity / kKTile][kv_dim][kKTile] (element (pos, c) at
-// (pos / kKTile) * kKTile * kv_dim + c * kKTile + pos % kKTile), so a head's keys for a tile
-// of positions load as vectors across positions (decode scores without horizontal sums).
+// The KV cache's storage: per layer, fp16, kv head after kv head, so that a decode job (one
+// kv head of one sequence) reads two contiguous regions that the hardware prefetchers stream
+// (with the heads interleaved per position, a job read 128 of every 1024 bytes and reached
+// half the bandwidth). A head's block holds `capacity` positions: values as rows
+// [capacity][head_dim]; keys tiled by kKTile positions, [capacity / kKTile][head_dim][kKTile]
+// (element (pos, c) at k_tile_index(pos, c, head_dim)), so a head's keys for a tile of
+// positions load as vectors across positions (decode scores without horizontal sums).
 // capacity is a multiple of kKTile; positions beyond length are zero.
 inline constexpr int64_t kKTile = 16;
-inline int64_t k_tile_index(int64_t pos, int64_t c, int64_t kv_dim) {
-  return (pos / kKTile) * kKTile * kv_dim + c * kKTile + pos % kKTile;
+// Element (pos, c) of a key block whose rows hold `width` columns.
+inline int64_t k_tile_index(int64_t pos, int64_t c, int64_t width) {
+  return (pos / kKTile) * kKTile * width + c * kKTile + pos % kKTile;
 }
 struct KvCache::Storage {
   struct Layer {
@@ -24,6 +28,9 @@ struct KvCache::Storage {
     uint16_t* v = nullptr;
     int64_t capacity = 0;  // positions allocated
     int64_t length = 0;    // positions written (highest written + 1)
+    // Head h's keys and values (each head's block: capacity x head_dim values).
+    const uint16_t* k_head(int64_t h, int64_t head_dim) const { return k + h * capacity * head_dim; }
+    const uint16_t* v_head(int64_t h, int64_t head_dim) const { return v + h * capacity * head_dim; }
   };
   std::vector<Layer> layers;
   ~Storage();
@@ -57,19 +64,17 @@ void silu_mul_hwy(const float* gate, const float* up, float* out, int64_t n);
 void add_hwy(float* h, const float* x, int64_t n);
 void bf16_rows_to_f32_hwy(const uint16_t* src, float* dst, int64_t n);
 // Attention over the fp16 cache for `ng` query heads sharing a kv head: query g at
-// q + g * q_stride (head_dim values), keys/values [j0, j1). k: the tiled keys (see
-// KvCache::Storage) with the head's first column c0; v: the head's value rows (row stride
-// kv_dim). Writes, per head, the max m[g], the sum of exp l[g] and the unnormalized output
+// q + g * q_stride (head_dim values), keys/values [j0, j1) of the kv head's block
+// (KvCache::Storage: k its tiled keys, v its value rows). Writes, per head, the max m[g], the sum of exp l[g] and the unnormalized output
 // o[g * hd..].
-void attn_chunk_hwy(const float* q, int64_t q_stride, int ng, const uint16_t* k, int64_t c0, const uint16_t* v,
-                    int64_t kv_dim, int64_t hd, int64_t j0, int64_t j1, float scale, float* m, float* l,
-                    float* o);
+void attn_chunk_hwy(const float* q, int64_t q_stride, int ng, const uint16_t* k, const uint16_t* v, int64_t hd,
+                    int64_t j0, int64_t j1, float scale, float* m, float* l, float* o);
 
 // Prefill attention: K of one kv head -> fp32 transposed [hd][ld]; then R query rows sharing
 // that kv head, row r seeing keys [0, limit[r]). Requires hd % f32_lanes_hwy() == 0.
 // (V is converted to fp32 rows [n][hd] alongside.)
-// k: the tiled keys with the head's first column c0; v: the head's value rows (stride kv_dim).
-void k_transpose_hwy(const uint16_t* k, int64_t c0, const uint16_t* v, int64_t kv_dim, int64_t hd, int64_t n,
+// k, v: the kv head's block (KvCache::Storage).
+void k_transpose_hwy(const uint16_t* k, const uint16_t* v, int64_t hd, int64_t n,
                      int64_t ld, float* kt, float* vf);
 void attn_rows_hwy(const float* const* q_rows, float* const* out_rows, const int64_t* limit, int R, const float* kt,
                    int64_t ld, const float* v, int64_t hd, float scale);
