@@ -53,9 +53,14 @@ run_one() {
   mkdir -p "$BUILD/fuzz-corpus/$h" "$BUILD/fuzz-artifacts/$h" "$BUILD/fuzz-logs"
   local runs=()
   [[ $mode == campaign ]] && runs=(-runs="${FUZZ_RUNS:-10000000}")
+  local t0 rc
+  t0=$(date +%s)
   "$BUILD/fuzz/fuzz_$h" "${LIMITS[@]}" "${runs[@]}" -max_total_time="$secs" -print_final_stats=1 \
     -artifact_prefix="$BUILD/fuzz-artifacts/$h/" "$BUILD/fuzz-corpus/$h" "fuzz/corpus/$h" \
     >"$BUILD/fuzz-logs/$h.log" 2>&1
+  rc=$?
+  echo $(( $(date +%s) - t0 )) >"$BUILD/fuzz-logs/$h.secs"  # the run's wall time, for a run that stopped on a finding
+  return $rc
 }
 
 # execs, edges (cov), features, seconds from a log.
@@ -66,6 +71,8 @@ stats() {
   cov=$(grep -oE '^#[0-9]+.*cov: [0-9]+' "$log" | tail -1 | grep -oE 'cov: [0-9]+' | awk '{print $2}')
   ft=$(grep -oE '^#[0-9]+.* ft: [0-9]+' "$log" | tail -1 | grep -oE 'ft: [0-9]+' | awk '{print $2}')
   t=$(grep -o 'Done [0-9]* runs in [0-9]* second' "$log" | tail -1 | awk '{print $5}')
+  # libFuzzer prints no "Done" line when it stops on a finding: the run's wall time then.
+  [[ -z $t && -f ${log%.log}.secs ]] && t=$(cat "${log%.log}.secs")
   echo "${execs:-?} ${cov:-?} ${ft:-?} ${t:-?}"
 }
 
