@@ -339,7 +339,8 @@ void KvCache::read_v(int64_t layer, int64_t pos, float* out) const {
   if (layer < 0 || layer >= n_layers_) fail("KvCache layer {} out of range ({} layers)", layer, n_layers_);
   const Storage::Layer& L = storage_->layers[size_t(layer)];
   if (pos < 0 || pos >= L.length) fail("KvCache position {} not written (layer {} holds {})", pos, layer, L.length);
-  for (int64_t i = 0; i < kv_dim_; ++i) out[i] = f16_to_f32(L.v_head(i / head_dim_, head_dim_)[pos * head_dim_ + i % head_dim_]);
+  for (int64_t i = 0; i < kv_dim_; ++i)
+    out[i] = f16_to_f32(L.v_head(i / head_dim_, head_dim_)[pos * head_dim_ + i % head_dim_]);
 }
 
 // ---------------------------------------------------------------- attention

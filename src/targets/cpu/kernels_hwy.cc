@@ -315,8 +315,8 @@ using DT = hn::CappedTag<float, kKTile>;
 // NB query heads (qs[g], hd values) against keys/values [j0, j1) of the tiled key cache k
 // and value rows v of one kv head's block (KvCache::Storage). s: scratch of NB * ns floats.
 template <int NB>
-HWY_INLINE void AttnChunkHeads(const float* const* qs, const uint16_t* k, const uint16_t* v, int64_t hd, int64_t j0, int64_t j1, float scale, float* s,
-                               int64_t ns, float* m, float* l, float* const* os) {
+HWY_INLINE void AttnChunkHeads(const float* const* qs, const uint16_t* k, const uint16_t* v, int64_t hd, int64_t j0,
+                               int64_t j1, float scale, float* s, int64_t ns, float* m, float* l, float* const* os) {
   const DF df;
   const DT dt;
   const hn::Rebind<hwy::float16_t, DF> dh;
@@ -456,8 +456,7 @@ void AttnChunk(const float* q, int64_t q_stride, int ng, const uint16_t* k, cons
 
 // Keys [0, n) of one kv head's block (tiled fp16) -> fp32 transposed kt[d * ld + j]; columns
 // [n, ld) are zeroed. Values (rows of hd) -> fp32 rows vf[j * hd + d].
-void KTranspose(const uint16_t* k, const uint16_t* v, int64_t hd, int64_t n,
-                int64_t ld, float* kt, float* vf) {
+void KTranspose(const uint16_t* k, const uint16_t* v, int64_t hd, int64_t n, int64_t ld, float* kt, float* vf) {
   const DF df;
   const DT dt;
   const hn::Rebind<hwy::float16_t, DF> dh;
@@ -791,8 +790,7 @@ void attn_chunk_hwy(const float* q, int64_t q_stride, int ng, const uint16_t* k,
   HWY_DYNAMIC_DISPATCH(AttnChunk)(q, q_stride, ng, k, v, hd, j0, j1, scale, m, l, o);
 }
 
-void k_transpose_hwy(const uint16_t* k, const uint16_t* v, int64_t hd, int64_t n,
-                     int64_t ld, float* kt, float* vf) {
+void k_transpose_hwy(const uint16_t* k, const uint16_t* v, int64_t hd, int64_t n, int64_t ld, float* kt, float* vf) {
   HWY_DYNAMIC_DISPATCH(KTranspose)(k, v, hd, n, ld, kt, vf);
 }
 void attn_rows_hwy(const float* const* q_rows, float* const* out_rows, const int64_t* limit, int R, const float* kt,

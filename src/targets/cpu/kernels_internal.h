@@ -11,8 +11,8 @@ struct Q8Row;  // cpu/quant.h
 
 // The KV cache's storage: per layer, fp16, kv head after kv head, so that a decode job (one
 // kv head of one sequence) reads two contiguous regions that the hardware prefetchers stream
-// (with the heads interleaved per position, a job read 128 of every 1024 bytes and reached
-// half the bandwidth). A head's block holds `capacity` positions: values as rows
+// (with the heads interleaved per position, a job read 128 of every 1024 bytes of values and
+// waited on its misses: docs/design.md). A head's block holds `capacity` positions: values as rows
 // [capacity][head_dim]; keys tiled by kKTile positions, [capacity / kKTile][head_dim][kKTile]
 // (element (pos, c) at k_tile_index(pos, c, head_dim)), so a head's keys for a tile of
 // positions load as vectors across positions (decode scores without horizontal sums).
@@ -65,8 +65,8 @@ void add_hwy(float* h, const float* x, int64_t n);
 void bf16_rows_to_f32_hwy(const uint16_t* src, float* dst, int64_t n);
 // Attention over the fp16 cache for `ng` query heads sharing a kv head: query g at
 // q + g * q_stride (head_dim values), keys/values [j0, j1) of the kv head's block
-// (KvCache::Storage: k its tiled keys, v its value rows). Writes, per head, the max m[g], the sum of exp l[g] and the unnormalized output
-// o[g * hd..].
+// (KvCache::Storage: k its tiled keys, v its value rows). Writes, per head, the max m[g], the
+// sum of exp l[g] and the unnormalized output o[g * hd..].
 void attn_chunk_hwy(const float* q, int64_t q_stride, int ng, const uint16_t* k, const uint16_t* v, int64_t hd,
                     int64_t j0, int64_t j1, float scale, float* m, float* l, float* o);
 
@@ -74,8 +74,7 @@ void attn_chunk_hwy(const float* q, int64_t q_stride, int ng, const uint16_t* k,
 // that kv head, row r seeing keys [0, limit[r]). Requires hd % f32_lanes_hwy() == 0.
 // (V is converted to fp32 rows [n][hd] alongside.)
 // k, v: the kv head's block (KvCache::Storage).
-void k_transpose_hwy(const uint16_t* k, const uint16_t* v, int64_t hd, int64_t n,
-                     int64_t ld, float* kt, float* vf);
+void k_transpose_hwy(const uint16_t* k, const uint16_t* v, int64_t hd, int64_t n, int64_t ld, float* kt, float* vf);
 void attn_rows_hwy(const float* const* q_rows, float* const* out_rows, const int64_t* limit, int R, const float* kt,
                    int64_t ld, const float* v, int64_t hd, float scale);
 int64_t f32_lanes_hwy();
