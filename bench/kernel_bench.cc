@@ -407,8 +407,10 @@ int main(int argc, char** argv) {
       if (want("bgemv")) bench_batched_gemv(pool);
       if (want("gemm")) bench_gemm(pool);
       if (want("qgemm")) bench_quantized_gemm(pool);
-      if (want("attn")) bench_attention(pool);
-      if (want("attn")) bench_attention_rows_cold(pool);
+      if (want("attn")) {
+        bench_attention(pool);
+        bench_attention_rows_cold(pool);
+      }
     }
     set_isa("auto");
   }

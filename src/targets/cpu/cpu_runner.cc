@@ -156,9 +156,7 @@ CpuRunner::CpuRunner(const Model& model, CpuOptions options)
   pool_ = std::make_unique<cpu::ThreadPool>(options_.threads > 0 ? options_.threads : default_threads());
   auto store = std::make_unique<CpuWeightStore>(
       [this](int64_t n, const std::function<void(int64_t, int64_t)>& body) { pool_->parallel_for(n, body); });
-  const ModelSpec& s = model.spec();
-  caches_.push_back(std::make_unique<cpu::KvCache>(s.n_layers, s.n_kv_heads, s.head_dim));
-  cache_ = caches_[0].get();
+  kv_select(0);  // sequence 0's cache
   store->reserve(matrix_weights());
   load_matrices(*store);
   weights_ = std::move(store);
@@ -328,7 +326,8 @@ void CpuRunner::kernel_linears(Stage s, const float* x, int64_t T, std::span<con
 
 void CpuRunner::kv_select(int seq) {
   const ModelSpec& s = spec();
-  while (caches_.size() <= size_t(seq)) caches_.push_back(std::make_unique<cpu::KvCache>(s.n_layers, s.n_kv_heads, s.head_dim));
+  while (caches_.size() <= size_t(seq))
+    caches_.push_back(std::make_unique<cpu::KvCache>(s.n_layers, s.n_kv_heads, s.head_dim));
   cache_ = caches_[size_t(seq)].get();
 }
 

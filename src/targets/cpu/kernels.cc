@@ -274,7 +274,6 @@ KvCache::KvCache(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim)
     : n_layers_(n_layers),
       n_kv_heads_(n_kv_heads),
       head_dim_(head_dim),
-      kv_dim_(n_kv_heads * head_dim),
       storage_(std::make_unique<Storage>()) {
   if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0)
     fail("KvCache needs layers, kv heads and head_dim > 0 (got {}, {}, {})", n_layers, n_kv_heads, head_dim);
@@ -283,20 +282,20 @@ KvCache::KvCache(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim)
 
 KvCache::~KvCache() = default;
 
-int64_t KvCache::bytes_per_position() const { return n_layers_ * kv_dim_ * 2 * int64_t(sizeof(uint16_t)); }
+int64_t KvCache::bytes_per_position() const { return n_layers_ * kv_dim() * 2 * int64_t(sizeof(uint16_t)); }
 
 void KvCache::write(int64_t layer, int64_t pos, const float* k, const float* v, int64_t T) {
   if (layer < 0 || layer >= n_layers_) fail("KvCache layer {} out of range ({} layers)", layer, n_layers_);
   if (pos < 0 || T < 0) fail("KvCache write at negative position");
   Storage::Layer& L = storage_->layers[size_t(layer)];
   const int64_t need = pos + T;
-  const int64_t hd = head_dim_, heads = n_kv_heads_;
+  const int64_t hd = head_dim_, heads = n_kv_heads_, kv_dim = this->kv_dim();
   if (need > L.capacity) {
     const int64_t cap = (std::max({need, L.capacity * 2, int64_t(64)}) + kKTile - 1) / kKTile * kKTile;
-    uint16_t* nk = alloc_u16(cap * kv_dim_);
-    uint16_t* nv = alloc_u16(cap * kv_dim_);
-    std::memset(nk, 0, size_t(cap * kv_dim_) * 2);  // positions beyond length stay zero
-    std::memset(nv, 0, size_t(cap * kv_dim_) * 2);
+    uint16_t* nk = alloc_u16(cap * kv_dim);
+    uint16_t* nv = alloc_u16(cap * kv_dim);
+    std::memset(nk, 0, size_t(cap * kv_dim) * 2);  // positions beyond length stay zero
+    std::memset(nv, 0, size_t(cap * kv_dim) * 2);
     for (int64_t h = 0; h < heads && L.capacity > 0; ++h) {  // each head's block moves to its new place
       std::memcpy(nk + h * cap * hd, L.k_head(h, hd), size_t(L.capacity * hd) * 2);  // whole tiles; same layout
       std::memcpy(nv + h * cap * hd, L.v_head(h, hd), size_t(L.length * hd) * 2);
@@ -308,22 +307,17 @@ void KvCache::write(int64_t layer, int64_t pos, const float* k, const float* v, 
     L.capacity = cap;
   }
   // A gap (pos > length) is already zero: storage beyond length is never written.
-  thread_local std::vector<uint16_t> kh, vh;
-  if (kh.size() < size_t(T * kv_dim_)) kh.resize(size_t(T * kv_dim_));
-  if (vh.size() < size_t(T * kv_dim_)) vh.resize(size_t(T * kv_dim_));
-  f32_to_f16(k, kh.data(), T * kv_dim_);
-  f32_to_f16(v, vh.data(), T * kv_dim_);
-  for (int64_t h = 0; h < heads; ++h) {
-    uint16_t* kd = L.k + h * L.capacity * hd;
-    uint16_t* vd = L.v + h * L.capacity * hd;
+  thread_local std::vector<uint16_t> kh;
+  if (kh.size() < size_t(T * kv_dim)) kh.resize(size_t(T * kv_dim));
+  f32_to_f16(k, kh.data(), T * kv_dim);
+  for (int64_t h = 0; h < heads; ++h)
     for (int64_t t = 0; t < T; ++t) {
       const int64_t p = pos + t;
-      const uint16_t* ks = kh.data() + t * kv_dim_ + h * hd;
-      uint16_t* dst = kd + k_tile_index(p, 0, hd);
+      const uint16_t* ks = kh.data() + t * kv_dim + h * hd;
+      uint16_t* dst = L.k_head(h, hd) + k_tile_index(p, 0, hd);
       for (int64_t c = 0; c < hd; ++c) dst[c * kKTile] = ks[c];
-      std::memcpy(vd + p * hd, vh.data() + t * kv_dim_ + h * hd, size_t(hd) * 2);
+      f32_to_f16(v + t * kv_dim + h * hd, L.v_head(h, hd) + p * hd, hd);  // values: rows, in place
     }
-  }
   L.length = std::max(L.length, need);
 }
 
@@ -331,7 +325,7 @@ void KvCache::read_k(int64_t layer, int64_t pos, float* out) const {
   if (layer < 0 || layer >= n_layers_) fail("KvCache layer {} out of range ({} layers)", layer, n_layers_);
   const Storage::Layer& L = storage_->layers[size_t(layer)];
   if (pos < 0 || pos >= L.length) fail("KvCache position {} not written (layer {} holds {})", pos, layer, L.length);
-  for (int64_t i = 0; i < kv_dim_; ++i)
+  for (int64_t i = 0; i < kv_dim(); ++i)
     out[i] = f16_to_f32(L.k_head(i / head_dim_, head_dim_)[k_tile_index(pos, i % head_dim_, head_dim_)]);
 }
 
@@ -339,7 +333,7 @@ void KvCache::read_v(int64_t layer, int64_t pos, float* out) const {
   if (layer < 0 || layer >= n_layers_) fail("KvCache layer {} out of range ({} layers)", layer, n_layers_);
   const Storage::Layer& L = storage_->layers[size_t(layer)];
   if (pos < 0 || pos >= L.length) fail("KvCache position {} not written (layer {} holds {})", pos, layer, L.length);
-  for (int64_t i = 0; i < kv_dim_; ++i)
+  for (int64_t i = 0; i < kv_dim(); ++i)
     out[i] = f16_to_f32(L.v_head(i / head_dim_, head_dim_)[pos * head_dim_ + i % head_dim_]);
 }
 
@@ -373,6 +367,15 @@ void merge_key_chunks(const float* p, int64_t C, int64_t part_stride, int64_t hd
   }
   const float inv = lsum > 0 ? 1.0f / lsum : 0.0f;
   for (int64_t d = 0; d < hd; ++d) o[d] *= inv;
+}
+
+// `layer` of a cache that holds n_kv_heads heads of head_dim (else an Error naming both).
+const KvCache::Storage::Layer& cache_layer(const KvCache& cache, int64_t layer, int64_t n_kv_heads, int64_t head_dim) {
+  if (n_kv_heads != cache.n_kv_heads() || head_dim != cache.head_dim())
+    fail("attention: {} kv heads of {} but the cache holds {} of {}", n_kv_heads, head_dim, cache.n_kv_heads(),
+         cache.head_dim());
+  if (layer < 0 || layer >= cache.n_layers()) fail("attention: layer {} out of range", layer);
+  return cache.storage().layers[size_t(layer)];
 }
 
 // One decode job: kv head kvh's query heads of one query row (q: the row, n_heads x hd) over
@@ -411,11 +414,7 @@ void attention(const float* q, int64_t T, int64_t pos0, const KvCache& cache, in
   if (T <= 0) return;
   if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
     fail("attention: {} heads are not a multiple of {} kv heads", n_heads, n_kv_heads);
-  if (n_kv_heads != cache.n_kv_heads() || head_dim != cache.head_dim())
-    fail("attention: {} kv heads of {} but the cache holds {} of {}", n_kv_heads, head_dim, cache.n_kv_heads(),
-         cache.head_dim());
-  if (layer < 0 || layer >= cache.n_layers()) fail("attention: layer {} out of range", layer);
-  const KvCache::Storage::Layer& L = cache.storage().layers[size_t(layer)];
+  const KvCache::Storage::Layer& L = cache_layer(cache, layer, n_kv_heads, head_dim);
   const int64_t ctx = pos0 + T;
   if (pos0 < 0 || ctx > L.length) fail("attention: positions up to {} needed, the cache holds {}", ctx, L.length);
 
@@ -506,11 +505,7 @@ void attention_rows(std::span<const AttentionRow> rows, int64_t layer, int64_t n
   int64_t jobs = 0, parts = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     const AttentionRow& a = rows[i];
-    if (n_kv_heads != a.cache->n_kv_heads() || hd != a.cache->head_dim())
-      fail("attention: {} kv heads of {} but the cache holds {} of {}", n_kv_heads, hd, a.cache->n_kv_heads(),
-           a.cache->head_dim());
-    if (layer < 0 || layer >= a.cache->n_layers()) fail("attention: layer {} out of range", layer);
-    const KvCache::Storage::Layer& L = a.cache->storage().layers[size_t(layer)];
+    const KvCache::Storage::Layer& L = cache_layer(*a.cache, layer, n_kv_heads, hd);
     if (a.pos < 0 || a.pos + 1 > L.length)
       fail("attention: positions up to {} needed, the cache holds {}", a.pos + 1, L.length);
     const KeyChunks kc = key_chunks(n_kv_heads, a.pos + 1, pool);

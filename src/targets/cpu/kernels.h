@@ -132,7 +132,7 @@ class KvCache {
   // Reads one position's key or value row (kv_dim values) as fp32 (slow paths, tests).
   void read_k(int64_t layer, int64_t pos, float* out) const;
   void read_v(int64_t layer, int64_t pos, float* out) const;
-  int64_t kv_dim() const { return kv_dim_; }
+  int64_t kv_dim() const { return n_kv_heads_ * head_dim_; }
   int64_t n_kv_heads() const { return n_kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
   int64_t n_layers() const { return n_layers_; }
@@ -142,7 +142,7 @@ class KvCache {
   const Storage& storage() const { return *storage_; }
 
  private:
-  int64_t n_layers_, n_kv_heads_, head_dim_, kv_dim_;
+  int64_t n_layers_, n_kv_heads_, head_dim_;
   std::unique_ptr<Storage> storage_;
 };
 

@@ -29,8 +29,8 @@ struct KvCache::Storage {
     int64_t capacity = 0;  // positions allocated
     int64_t length = 0;    // positions written (highest written + 1)
     // Head h's keys and values (each head's block: capacity x head_dim values).
-    const uint16_t* k_head(int64_t h, int64_t head_dim) const { return k + h * capacity * head_dim; }
-    const uint16_t* v_head(int64_t h, int64_t head_dim) const { return v + h * capacity * head_dim; }
+    uint16_t* k_head(int64_t h, int64_t head_dim) const { return k + h * capacity * head_dim; }
+    uint16_t* v_head(int64_t h, int64_t head_dim) const { return v + h * capacity * head_dim; }
   };
   std::vector<Layer> layers;
   ~Storage();
