@@ -9,6 +9,8 @@
 #include "eval/audit.h"
 #include "pipeline/deployment.h"
 #include "pipeline/plan.h"
+#include "targets/npusim/plans.h"
+#include "targets/registry.h"
 #include "util/error.h"
 #include "util/sha256.h"
 
@@ -43,6 +45,41 @@ TEST(FuzzRegressions, PlanIntegersTakeJsonIntegersOnly) {
   plan["dispatches"][0]["ops"][0].erase("layer");
   plan["model"]["spec"]["hidden"] = 6.1e60;
   EXPECT_THROW(plan_markdown(plan, {{"phases", json::object()}}), Error);
+}
+
+// fuzz_plan (the long campaign, 2026-12-06): an npusim plan's GEMV tile "rb" written as an
+// integer literal too large for 64 bits (JSON reads it as the float 1.5e23) was converted
+// to int64_t, undefined behaviour. Every integer a plan.json reader takes (npusim's GEMV
+// tiles, the cpu plan's threads here; its GEMM blocking, read when the runner is made, the
+// same way) is now a JSON integer in range, else an Error naming the field.
+TEST(FuzzRegressions, PlanReadersTakeJsonIntegersOnly) {
+  json np = npusim::named_plan("baseline").to_json();
+  np["tiles"]["gemv"] = json::array({{{"N", 256}, {"K", 768}, {"cols", 8}, {"rows", 4}, {"kc", 384}, {"rb", 1}}});
+  EXPECT_NO_THROW(npusim::plan_from_json(np));
+  for (const char* key : {"rb", "kc", "cols", "rows", "N", "K"})
+    for (const json& bad : {json::parse("146667667333333383333334"), json(1.5), json(0), json("1"), json(int64_t(1) << 40)}) {
+      json j = np;
+      j["tiles"]["gemv"][0][key] = bad;
+      EXPECT_THROW(npusim::plan_from_json(j), Error) << key << " = " << bad.dump();
+    }
+  const std::string verbatim = std::string(TESSERA_SOURCE_DIR) + "/fuzz/corpus/plan/crash-gemv-rb-float";
+  std::ifstream in(verbatim);
+  ASSERT_TRUE(in) << verbatim;
+  EXPECT_THROW(npusim::plan_from_json(json::parse(in).at("npusim").at("plan")), Error);
+  const TargetDef* cpu = nullptr;
+  for (const TargetDef& d : target_defs())
+    if (d.name == "cpu") cpu = &d;
+  ASSERT_TRUE(cpu && cpu->options_from_plan);
+  const json plan = {{"cpu", {{"threads", 2}}}};
+  TargetOptions o;
+  cpu->options_from_plan(plan, o);
+  EXPECT_EQ(o.threads, 2);
+  for (const json& bad : {json(6.1e60), json(2.5), json(-1)}) {
+    json p = plan;
+    p["cpu"]["threads"] = bad;
+    TargetOptions t;
+    EXPECT_THROW(cpu->options_from_plan(p, t), Error) << bad.dump();
+  }
 }
 
 // fuzz_state: a state.json without its phases or identity object is refused when opened.

@@ -12,6 +12,7 @@
 #include "targets/registry.h"
 #include "targets/staged_runner.h"
 #include "util/error.h"
+#include "util/json_fields.h"
 
 namespace tessera {
 
@@ -58,8 +59,8 @@ void read_deployment(CampaignRow& row, const fs::path& dir, int threads) {
   const nlohmann::json report = read_json_file(dep.file("report.json"));
   const nlohmann::json phases = report.value("phases", nlohmann::json::object());
   for (const auto& [id, r] : phases.items()) {
-    row.gates_passed += r.value("gates_passed", 0);
-    row.gates_total += r.value("gates_total", 0);
+    row.gates_passed += int(json_integer_or(r, "gates_passed", "report.json: 'gates_passed'", 0, 0, 1 << 20));
+    row.gates_total += int(json_integer_or(r, "gates_total", "report.json: 'gates_total'", 0, 0, 1 << 20));
   }
   row.deployed = row.phases_passed == row.phases_total;
   if (!row.deployed) return;

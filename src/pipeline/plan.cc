@@ -4,21 +4,19 @@
 
 #include "pipeline/deployment.h"
 #include "util/error.h"
+#include "util/json_fields.h"
 #include "util/sha256.h"
 
 namespace tessera {
 
 namespace {
 
-// An integer of plan.json: a JSON integer only (converting a float out of range is undefined
-// behaviour; fuzz_plan found "layer": 2.8e34), else an error naming the key.
+// An integer of plan.json (fuzz_plan found "layer": 2.8e34 read as int64_t): util/json_fields.h.
 int64_t integer(const nlohmann::json& obj, const char* key) {
-  const nlohmann::json& v = obj.at(key);
-  if (!v.is_number_integer()) fail("plan.json: '{}' must be an integer, not a JSON {}", key, v.type_name());
-  return v.get<int64_t>();
+  return json_integer(obj.at(key), fmt::format("plan.json: '{}'", key));
 }
 int64_t integer_or(const nlohmann::json& obj, const char* key, int64_t fallback) {
-  return obj.is_object() && obj.contains(key) ? integer(obj, key) : fallback;
+  return json_integer_or(obj, key, fmt::format("plan.json: '{}'", key), fallback);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "pipeline/deployment.h"
 #include "report/svg.h"
 #include "util/error.h"
+#include "util/json_fields.h"
 #include "util/sha256.h"
 
 namespace fs = std::filesystem;
@@ -81,8 +82,8 @@ double as_num(const json& v) {
 
 std::string e(std::string_view s) { return escape(s); }
 
-// Element i of a JSON array as an int (0 when absent).
-int at(const json& a, size_t i) { return a.is_array() && i < a.size() && a[i].is_number() ? a[i].get<int>() : 0; }
+// Element i of a JSON array as an int (0 when absent; an integer only: a float's cast is undefined).
+int at(const json& a, size_t i) { return a.is_array() && i < a.size() ? json_int(a[i], "report: a timeline index") : 0; }
 
 Point point(double x, double y, std::string title = "") {
   Point p;
@@ -454,7 +455,8 @@ std::string timeline_chart(const json& tl, bool prefill_layer, std::string& tile
   for (const json& d : tl.value("dispatches", json::array())) {
     if (prefill_layer && str(d, "section") != "layer") continue;
     const std::string dn = str(d, "name");
-    const std::string xn = d.value("count", 1) > 1 ? fmt::format(" (x{} per pass)", d.value("count", 1)) : "";
+    const int64_t count = json_integer_or(d, "count", "report: a dispatch's 'count'", 1);
+    const std::string xn = count > 1 ? fmt::format(" (x{} per pass)", count) : "";
     if (!d.value("host", false)) {
       const double copy = num(d, "host_copy_us", 0), over = num(d, "overhead_us", 0);
       if (copy > 0) {

@@ -15,6 +15,7 @@
 #include "oracle/ops.h"
 #include "util/error.h"
 #include "util/half.h"
+#include "util/json_fields.h"
 #include "util/mapped_file.h"
 #include "util/parallel.h"
 #include "util/stats.h"
@@ -53,8 +54,8 @@ void fusion_from_plan(const nlohmann::json& plan, CpuOptions& o) {
     o.fused_decode = f.at("decode").get<bool>();
     // Plans written before tile-tune have no blocking: the kernel's defaults.
     if (k.contains("gemm_blocking")) {
-      o.blocking.kc = k["gemm_blocking"].at("kc").get<int64_t>();
-      o.blocking.tc = k["gemm_blocking"].at("tc").get<int64_t>();
+      o.blocking.kc = json_integer(k["gemm_blocking"].at("kc"), "cpu plan: GEMM blocking 'kc'");
+      o.blocking.tc = json_integer(k["gemm_blocking"].at("tc"), "cpu plan: GEMM blocking 'tc'");
       if (!o.blocking.valid())
         fail("cpu plan: GEMM blocking kc {} must be a positive multiple of 32 and tc {} positive", o.blocking.kc,
              o.blocking.tc);
@@ -137,7 +138,9 @@ TargetDef cpu_target_def() {
   d.options_from_plan = [](const nlohmann::json& plan, TargetOptions& o) {
     // A deployment runs with the threads it was gated with, unless asked otherwise, and
     // exactly the plan it froze.
-    if (o.threads <= 0) o.threads = plan.value("cpu", nlohmann::json::object()).value("threads", 0);
+    if (o.threads <= 0)
+      o.threads = int(json_integer_or(plan.value("cpu", nlohmann::json::object()), "threads", "plan.json: cpu 'threads'",
+                                      0, 0, 4096));
     o.plan = plan;
   };
   d.skills = []() -> const std::vector<OptSkill>& {

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "util/error.h"
+#include "util/json_fields.h"
 
 namespace tessera::npusim {
 
@@ -203,12 +204,12 @@ NpuPlan plan_from_json(const nlohmann::json& j) {
     p.zero_copy = j.at("zero_copy").get<bool>();
     if (j.contains("tiles"))
       for (const auto& t : j.at("tiles").at("gemv")) {
-        const GemvTiles g{t.at("rb").get<int64_t>(), t.at("kc").get<int64_t>(),
-                          Herd{t.at("cols").get<int>(), t.at("rows").get<int>()}};
-        if (g.rb < 1 || g.kc < 1 || g.herd.cols < 1 || g.herd.rows < 1)
-          fail("npusim plan: GEMV tiles for {}x{} must be positive", t.at("N").get<int64_t>(), t.at("K").get<int64_t>());
-        p.gemv_tiles[{t.at("N").get<int64_t>(), t.at("K").get<int64_t>(),
-                      elem_type_from_name(t.value("w", std::string("bf16")))}] = g;
+        // Positive integers only (fuzz_plan found a float 1.5e23 converted to int64_t).
+        auto field = [&](const char* key) {
+          return json_int(t.at(key), fmt::format("npusim plan: GEMV tiles' '{}'", key), 1);
+        };
+        const GemvTiles g{field("rb"), field("kc"), Herd{field("cols"), field("rows")}};
+        p.gemv_tiles[{field("N"), field("K"), elem_type_from_name(t.value("w", std::string("bf16")))}] = g;
       }
     for (const auto& [key, pass] : {std::pair{"prefill", &p.prefill}, std::pair{"decode", &p.decode}}) {
       pass->embedding = dispatches_from_json(j.at(key).at("embedding"));

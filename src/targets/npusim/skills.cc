@@ -23,6 +23,7 @@
 #include "targets/npusim/plans.h"
 #include "targets/npusim/program.h"
 #include "targets/npusim/timing.h"
+#include "util/json_fields.h"
 
 namespace tessera {
 
@@ -139,9 +140,9 @@ std::vector<PlanRewrite> propose_zero_copy(const nlohmann::json& plan, Pass, std
 using GemvKey = std::tuple<int64_t, int64_t, npusim::ElemType>;
 std::map<GemvKey, std::string> pass_gemvs(const nlohmann::json& plan, const NpuPlan& np, Pass pass) {
   const nlohmann::json& spec = plan.at("model").at("spec");
-  const int64_t H = spec.at("hidden_size"), I = spec.at("intermediate_size"), hd = spec.at("head_dim"),
-                Q = hd * spec.at("num_attention_heads").get<int64_t>(),
-                KV = hd * spec.at("num_key_value_heads").get<int64_t>(), V = spec.at("vocab_size");
+  auto dim = [&](const char* key) { return json_integer(spec.at(key), fmt::format("plan.json: model spec '{}'", key), 1, 1 << 24); };
+  const int64_t H = dim("hidden_size"), I = dim("intermediate_size"), hd = dim("head_dim"),
+                Q = hd * dim("num_attention_heads"), KV = hd * dim("num_key_value_heads"), V = dim("vocab_size");
   const npusim::WeightFormats formats =
       npusim::WeightFormats::from_json(plan.at("npusim").value("weight_formats", nlohmann::json()));
   const bool decode = pass == Pass::Decode;
