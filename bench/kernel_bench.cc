@@ -384,8 +384,8 @@ int main(int argc, char** argv) {
   for (const auto& s : available_isas()) std::printf("%s ", s.c_str());
   std::printf("\n");
   std::vector<std::string> paths;
-  for (const auto& s : available_isas())
-    if (s == "avx512bf16") paths.push_back(s);
+  for (const auto& s : available_isas())  // amx: what `auto` runs where the CPU has it
+    if (s == "amx" || s == "avx512bf16") paths.push_back(s);
   paths.push_back("hwy");
   if (!g_path.empty()) paths = {g_path};
   std::vector<int> thread_counts = {1, 2};

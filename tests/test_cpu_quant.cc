@@ -225,14 +225,17 @@ TEST(CpuQuant, PortableGemvIsThePlainLoopsBitForBit) {
 // A batched decode step multiplies every sequence's row at once (matmul_rows): each row must
 // come out exactly as the one-row GEMV computes it, for every block type and bf16, matrices
 // sharing the input, a partial last group of rows, and row counts that are not multiples of
-// the kernel's rows per pass.
+// the kernel's rows per pass; K of one, three and 25 chunks of 32 values (the AMX GEMV
+// pairs chunks: an odd count ends in half a pair) and of one and two 256-value blocks.
 TEST(CpuQuant, BatchedGemvRowsAreTheOneRowGemvBitForBit) {
   cpu::ThreadPool pool(2);
-  const int64_t K = 512, Na = 53, Nb = 40;
-  const std::vector<uint16_t> bf = small_bf16(size_t(Nb * K), 30);
-  const cpu::WeightMatrix wb = Bf16Matrix{bf.data(), Nb, K};
+  const int64_t Na = 53, Nb = 40;
+  for (const int64_t K : {32, 96, 256, 512, 800})
   for (DType t : kTypes) {
-    SCOPED_TRACE(dtype_name(t));
+    if (K % dtype_block_values(t) != 0) continue;
+    SCOPED_TRACE(fmt::format("{} K={}", dtype_name(t), K));
+    const std::vector<uint16_t> bf = small_bf16(size_t(Nb * K), 30);
+    const cpu::WeightMatrix wb = Bf16Matrix{bf.data(), Nb, K};
     const auto bytes = random_blocks(t, Na, K, 31);
     CpuWeightStore store;
     const cpu::WeightMatrix& wa = store.load(file_weight("a", t, bytes, Na, K));
@@ -255,6 +258,9 @@ TEST(CpuQuant, BatchedGemvRowsAreTheOneRowGemvBitForBit) {
       });
     }
   }
+  const int64_t K = 512;
+  const std::vector<uint16_t> bf = small_bf16(size_t(Nb * K), 30);
+  const cpu::WeightMatrix wb = Bf16Matrix{bf.data(), Nb, K};
   std::vector<float> x(static_cast<size_t>(K)), y(static_cast<size_t>(Nb));
   const cpu::MatmulOut out[] = {{&wb, nullptr, y.data()}};
   EXPECT_THROW(cpu::matmul_rows(x.data(), 0, out, pool), Error);

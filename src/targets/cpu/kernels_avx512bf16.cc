@@ -617,12 +617,12 @@ TS_BF16_INLINE void signed_value_vectors(const uint8_t* tile, int j, int c, __m5
 // half for Q6_K): scaled and summed in fp32. Both decode GEMVs (VNNI and AMX) end each chunk
 // here, so their rows are the same numbers bit for bit.
 template <DType kType>
-TS_BF16_INLINE void finish_chunk(const Q8Row& x, const uint8_t* tile, int j, int64_t xb, const __m512i* sh,
+TS_BF16_INLINE void finish_chunk(float x_d, float x_dsum, const uint8_t* tile, int j, const __m512i* sh,
                                  const __m512i* sl, __m512 d, __m512 lo_scale, __m512& blk, __m512& blk_min,
                                  __m512& acc0, __m512& acc1) {
   constexpr X16Layout L = x16_layout(kType);
   constexpr bool kHalves = kType == DType::Q6_K;
-  const __m512 xd = _mm512_set1_ps(x.d[size_t(xb)]);
+  const __m512 xd = _mm512_set1_ps(x_d);
   for (int h = 0; h < (kHalves ? 2 : 1); ++h) {
     const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sl[h]), lo_scale, _mm512_cvtepi32_ps(sh[h]));
     if constexpr (x16_k_scales(kType)) {
@@ -635,9 +635,9 @@ TS_BF16_INLINE void finish_chunk(const Q8Row& x, const uint8_t* tile, int j, int
   }
   if constexpr (x16_has_min(kType))
     acc1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + L.m))),
-                           _mm512_set1_ps(x.dsum[size_t(xb)]), acc1);
+                           _mm512_set1_ps(x_dsum), acc1);
   if constexpr (x16_k_scales(kType))
-    blk_min = _mm512_fmadd_ps(scales_u8(tile + L.m + j * 16), _mm512_set1_ps(x.dsum[size_t(xb)]), blk_min);
+    blk_min = _mm512_fmadd_ps(scales_u8(tile + L.m + j * 16), _mm512_set1_ps(x_dsum), blk_min);
 }
 
 // The end of a tile: a super-block's scale (and min scale) once per 256 values, not per chunk.
@@ -727,7 +727,8 @@ TS_BF16 void gemv_x16_group(const Q8Row* const* x, const uint8_t* tiles, int64_t
         }
       }
       for (int r = 0; r < R; ++r)
-        finish_chunk<kType>(*x[r], tile, j, xb, sh[r], sl[r], d, lo_scale, blk[r], blk_min[r], acc0[r], acc1[r]);
+        finish_chunk<kType>(x[r]->d[size_t(xb)], x[r]->dsum[size_t(xb)], tile, j, sh[r], sl[r], d, lo_scale, blk[r],
+                            blk_min[r], acc0[r], acc1[r]);
     }
     for (int r = 0; r < R; ++r) finish_block<kType>(tile, d, blk[r], blk_min[r], acc0[r], acc1[r]);
   }
@@ -779,14 +780,24 @@ TS_AMX_INT8 void amx_gemv_config(int R, int sub) {
     _tile_dpbssd(C, A, B);                 \
   } while (0)
 
-// gemv_x16_group for R = kAmxGemvRows rows whose terms are the int8 matrix a (rows [0, R):
-// hi, [R, 2R): lo; laid out by amx_gemv_terms), as a pipeline over rounds: round k + 2's weights
-// are unpacked, round k + 1's products started and round k's dots stored and scaled in the
-// same step, so the AMX unit's latency and the stores it reads and writes overlap the vector
-// unit's work.
+// A block of kAmxGemvRows rows as the AMX GEMV reads it (amx_gemv_terms writes it): per
+// 32-value chunk, 512 bytes of terms (the R rows' hi terms, 32 bytes each, then their lo
+// terms: an A tile of 8 whole cache lines read in order); after every chunk's terms, per
+// chunk the R rows' scales d, then their d * block sums: the scaling reads one array at fixed
+// offsets rather than each row's vectors.
+constexpr int64_t amx_gemv_block_bytes(int64_t K) {
+  return 2 * kAmxGemvRows * K + K / 32 * 2 * kAmxGemvRows * int64_t(sizeof(float));
+}
+
+// gemv_x16_group for R = kAmxGemvRows rows given as one block of amx_gemv_block_bytes (a),
+// as a pipeline over rounds: round k + 2's weights are unpacked, round k + 1's products
+// started and round k's dots stored and scaled in the same step, so the AMX unit's latency
+// and the stores it reads and writes overlap the vector unit's work. The steady rounds run
+// without a branch (their scaling then keeps the accumulators in registers); the last two
+// rounds and a chunk past the end (an odd count: the last chunk again, not scaled) apart.
 template <DType kType>
-TS_AMX_INT8 void gemv_x16_group_amx(const Q8Row* const* x, const int8_t* a, const uint8_t* tiles, int64_t N,
-                                    int64_t K, const float* bias, float* const* y, int64_t g, bool prefetch) {
+TS_AMX_INT8 void gemv_x16_group_amx(const int8_t* a, const uint8_t* tiles, int64_t N, int64_t K, const float* bias,
+                                    float* const* y, int64_t g, bool prefetch) {
   constexpr int R = kAmxGemvRows;  // a constant: the accumulators stay in registers
   constexpr X16Layout L = x16_layout(kType);
   constexpr int kChunks = int(L.values / 32);
@@ -794,36 +805,37 @@ TS_AMX_INT8 void gemv_x16_group_amx(const Q8Row* const* x, const int8_t* a, cons
   constexpr bool kHalves = kType == DType::Q6_K;
   constexpr int kHalvesPer = kHalves ? 2 : 1, kRound = 2 / kHalvesPer;  // chunks per round
   const int64_t blocks = K / L.values, chunks = blocks * kChunks, rounds = (chunks + kRound - 1) / kRound;
+  const float* scales = reinterpret_cast<const float*>(a + 2 * R * K);  // [chunk][d: R, dsum: R]
   const __m512 lo_scale = _mm512_set1_ps(1.0f / Q8Row::kLoScale);
   const uint8_t* first_tile = tiles + g * blocks * L.bytes;
-  alignas(64) uint8_t unpacked[3][kRound][512];  // [round % 3][chunk]: the value vectors
+  alignas(64) uint8_t unpacked[3][kRound][512];  // a round's value vectors, three rounds in turn
   alignas(64) int32_t dots[2][2][16 * 16];       // [round parity][product][tile row][weight row]
-  __m512 acc0[kAmxGemvRows], acc1[kAmxGemvRows], blk[kAmxGemvRows], blk_min[kAmxGemvRows];
+  __m512 acc0[R], acc1[R], blk[R], blk_min[R];
   for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = blk[r] = blk_min[r] = _mm512_setzero_ps();
-  auto chunk_of = [&](int64_t k, int i) { return std::min(k * kRound + i, chunks - 1); };  // past the end: the last again
+  auto chunk_of = [&](int64_t k, int i) { return std::min(k * kRound + i, chunks - 1); };
   auto tile_of = [&](int64_t q) { return first_tile + (q / kChunks) * L.bytes; };
 
-  auto unpack_round = [&](int64_t k) TS_AMX_INT8 {
+  auto unpack_round = [&](int64_t k, uint8_t (*out)[512]) TS_AMX_INT8 __attribute__((always_inline)) {
     for (int i = 0; i < kRound; ++i) {
       const int64_t q = chunk_of(k, i);
       const int j = int(q % kChunks);
       const uint8_t* tile = tile_of(q);
-      if (prefetch && k * kRound + i < chunks)  // as gemv_x16_group
+      if (prefetch)  // as gemv_x16_group
         for (int64_t line = j * kLines / kChunks; line < (j + 1) * kLines / kChunks; ++line)
           _mm_prefetch(reinterpret_cast<const char*>(tile) + kAhead + 64 * line, _MM_HINT_T1);
       for (int c = 0; c < 4; ++c) {
         __m512i v0, v1;
         signed_value_vectors<kType>(tile, j, c, v0, v1);
-        _mm512_store_si512(unpacked[k % 3][i] + 128 * c, v0);
-        _mm512_store_si512(unpacked[k % 3][i] + 128 * c + 64, v1);
+        _mm512_store_si512(out[i] + 128 * c, v0);
+        _mm512_store_si512(out[i] + 128 * c + 64, v1);
       }
     }
   };
-  auto dot_round = [&](int64_t k) TS_AMX_INT8 {
+  auto dot_round = [&](int64_t k, const uint8_t (*w)[512]) TS_AMX_INT8 __attribute__((always_inline)) {
     const int8_t* a0 = a + chunk_of(k, 0) * (2 * R * 32);
     const int8_t* a1 = kHalves ? a0 + 16 : a + chunk_of(k, 1) * (2 * R * 32);
-    const uint8_t* w0 = unpacked[k % 3][0];
-    const uint8_t* w1 = kHalves ? w0 + 256 : unpacked[k % 3][kRound - 1];
+    const uint8_t* w0 = w[0];
+    const uint8_t* w1 = kHalves ? w0 + 256 : w[kRound - 1];
     if (k & 1) {
       TS_AMX_PRODUCT(0, 2, 6, a0, 32, w0);
       TS_AMX_PRODUCT(1, 3, 7, a1, 32, w1);
@@ -834,7 +846,7 @@ TS_AMX_INT8 void gemv_x16_group_amx(const Q8Row* const* x, const int8_t* a, cons
   };
   // Round k's dots to memory, issued after round k + 1's products: the AMX unit has had a
   // round's time to finish them, so the stores do not wait on the products.
-  auto store_round = [&](int64_t k) TS_AMX_INT8 {
+  auto store_round = [&](int64_t k) TS_AMX_INT8 __attribute__((always_inline)) {
     int32_t(*out)[256] = dots[k & 1];
     if (k & 1) {
       _tile_stored(6, out[0], 64);
@@ -844,49 +856,63 @@ TS_AMX_INT8 void gemv_x16_group_amx(const Q8Row* const* x, const int8_t* a, cons
       _tile_stored(5, out[1], 64);
     }
   };
-  auto scale_round = [&](int64_t k) TS_AMX_INT8 {
-    int32_t(*in)[256] = dots[k & 1];
-    for (int i = 0; i < kRound && k * kRound + i < chunks; ++i) {
-      const int64_t q = k * kRound + i;
-      const int j = int(q % kChunks);
-      const uint8_t* tile = tile_of(q);
-      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile)));
-      for (int r = 0; r < R; ++r) {
-        __m512i sh[2], sl[2];
-        for (int h = 0; h < kHalvesPer; ++h) {
-          const int32_t* c = in[i * kHalvesPer + h];
-          sh[h] = _mm512_load_si512(c + 16 * r);
-          sl[h] = _mm512_load_si512(c + 16 * (R + r));
-        }
-        finish_chunk<kType>(*x[r], tile, j, q, sh, sl, d, lo_scale, blk[r], blk_min[r], acc0[r], acc1[r]);
-        if (j == kChunks - 1) {
-          finish_block<kType>(tile, d, blk[r], blk_min[r], acc0[r], acc1[r]);
-          blk[r] = blk_min[r] = _mm512_setzero_ps();
-        }
+  auto scale_chunk = [&](int64_t k, int i) TS_AMX_INT8 __attribute__((always_inline)) {
+    const int32_t(*in)[256] = dots[k & 1];
+    const int64_t q = k * kRound + i;
+    const int j = int(q % kChunks);
+    const uint8_t* tile = tile_of(q);
+    const float* xs = scales + q * 2 * R;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile)));
+    for (int r = 0; r < R; ++r) {
+      __m512i sh[2], sl[2];
+      for (int h = 0; h < kHalvesPer; ++h) {
+        const int32_t* c = in[i * kHalvesPer + h];
+        sh[h] = _mm512_load_si512(c + 16 * r);
+        sl[h] = _mm512_load_si512(c + 16 * (R + r));
+      }
+      finish_chunk<kType>(xs[r], xs[R + r], tile, j, sh, sl, d, lo_scale, blk[r], blk_min[r], acc0[r], acc1[r]);
+      if (j == kChunks - 1) {
+        finish_block<kType>(tile, d, blk[r], blk_min[r], acc0[r], acc1[r]);
+        blk[r] = blk_min[r] = _mm512_setzero_ps();
       }
     }
   };
-  unpack_round(0);
-  unpack_round(1);
-  dot_round(0);
-  for (int64_t k = 0; k < rounds; ++k) {
-    if (k + 2 < rounds) unpack_round(k + 2);
-    if (k + 1 < rounds) dot_round(k + 1);
+  uint8_t(*u0)[512] = unpacked[0];  // round k's value vectors
+  uint8_t(*u1)[512] = unpacked[1];  // round k + 1's
+  uint8_t(*u2)[512] = unpacked[2];  // round k + 2's
+  unpack_round(0, u0);
+  if (rounds > 1) unpack_round(1, u1);
+  dot_round(0, u0);
+  int64_t k = 0;
+  for (; k + 2 < rounds; ++k) {  // the steady rounds: every chunk of round k is in the matrix
+    unpack_round(k + 2, u2);
+    dot_round(k + 1, u1);
     store_round(k);
-    scale_round(k);
+    for (int i = 0; i < kRound; ++i) scale_chunk(k, i);
+    uint8_t(*t)[512] = u0;
+    u0 = u1;
+    u1 = u2;
+    u2 = t;
+  }
+  for (; k < rounds; ++k) {
+    if (k + 1 < rounds) dot_round(k + 1, u1);
+    store_round(k);
+    for (int i = 0; i < kRound && k * kRound + i < chunks; ++i) scale_chunk(k, i);
+    std::swap(u0, u1);
   }
   for (int r = 0; r < R; ++r) store_group(acc0[r], acc1[r], bias, y[r], g, N);
 }
 
 // Groups [g0, g1) for `rows` (a multiple of kAmxGemvRows) activation rows, kAmxGemvRows at a
-// time (a: their terms, see amx_gemv_terms).
+// time (a: their blocks, see amx_gemv_block_bytes).
 template <DType kType>
-TS_AMX_INT8 void gemv_x16_amx(const Q8Row* const* x, int rows, const int8_t* a, const uint8_t* tiles, int64_t N,
-                              int64_t K, const float* bias, float* const* y, int64_t g0, int64_t g1) {
+TS_AMX_INT8 void gemv_x16_amx(int rows, const int8_t* a, const uint8_t* tiles, int64_t N, int64_t K, const float* bias,
+                              float* const* y, int64_t g0, int64_t g1) {
   amx_gemv_config(kAmxGemvRows, kType == DType::Q6_K ? 16 : 32);
   for (int64_t g = g0; g < g1; ++g)
     for (int r0 = 0; r0 < rows; r0 += kAmxGemvRows)
-      gemv_x16_group_amx<kType>(x + r0, a + int64_t(r0) * 2 * K, tiles, N, K, bias, y + r0, g, r0 == 0);
+      gemv_x16_group_amx<kType>(a + r0 / kAmxGemvRows * amx_gemv_block_bytes(K), tiles, N, K, bias, y + r0, g,
+                                r0 == 0);
   _tile_release();
 }
 
@@ -897,7 +923,7 @@ template <DType kType>
 void gemv_x16(const Q8Row* const* x, int rows, const int8_t* a, const uint8_t* tiles, int64_t N, int64_t K,
               const float* bias, float* const* y, int64_t g0, int64_t g1) {
   const int on_amx = a ? rows / kAmxGemvRows * kAmxGemvRows : 0;
-  if (on_amx) gemv_x16_amx<kType>(x, on_amx, a, tiles, N, K, bias, y, g0, g1);
+  if (on_amx) gemv_x16_amx<kType>(on_amx, a, tiles, N, K, bias, y, g0, g1);
   if (on_amx == rows) return;
   for (int64_t g = g0; g < g1; ++g)
     for (int r0 = on_amx; r0 < rows; r0 += kGemvRows) {
@@ -1062,7 +1088,8 @@ TS_AMX_INT8 void gemm_x16_group_amx(const Q8Row* const* x, int rows, const int8_
         sl[h] = _mm512_load_si512(in[2 * h + 1] + 16 * r);
       }
       Acc& a = acc[t];
-      finish_chunk<kType>(*x[t], tile, j, q, sh, sl, d, lo_scale, a.blk, a.blk_min, a.acc0, a.acc1);
+      finish_chunk<kType>(x[t]->d[size_t(q)], x[t]->dsum[size_t(q)], tile, j, sh, sl, d, lo_scale, a.blk, a.blk_min,
+                          a.acc0, a.acc1);
       if (j == kChunks - 1) {
         finish_block<kType>(tile, d, a.blk, a.blk_min, a.acc0, a.acc1);
         a.blk = a.blk_min = _mm512_setzero_ps();
@@ -1227,15 +1254,18 @@ TS_AMX void amx_bf16_gemv_range(const uint32_t* xt, int R, const uint16_t* w, in
   _tile_release();
 }
 
-// Row r's terms where the AMX GEMV reads them as A tiles: per block of kAmxGemvRows rows and
-// 32-value chunk, 512 bytes: the R rows' hi terms (32 bytes each), then their lo terms.
-// Contiguous, so that a chunk's A tile is 8 whole cache lines read in order.
+// Row r's terms and scales where the AMX GEMV reads them: its block of kAmxGemvRows rows,
+// laid out as amx_gemv_block_bytes says.
 void amx_gemv_terms(const Q8Row& x, int64_t r, int64_t K, int8_t* terms) {
   constexpr int R = kAmxGemvRows;
-  int8_t* at = terms + r / R * 2 * R * K + r % R * 32;
-  for (int64_t q = 0; q < K / 32; ++q, at += 2 * R * 32) {
+  int8_t* block = terms + r / R * amx_gemv_block_bytes(K);
+  int8_t* at = block + r % R * 32;
+  float* scales = reinterpret_cast<float*>(block + 2 * R * K) + r % R;
+  for (int64_t q = 0; q < K / 32; ++q, at += 2 * R * 32, scales += 2 * R) {
     std::memcpy(at, x.hi.data() + q * 32, 32);
     std::memcpy(at + R * 32, x.lo.data() + q * 32, 32);
+    scales[0] = x.d[size_t(q)];
+    scales[R] = x.dsum[size_t(q)];
   }
 }
 
@@ -1253,7 +1283,8 @@ void gemv_outs(const float* x, int64_t rows, const uint16_t* xb, int64_t Kp, std
   thread_local std::vector<int8_t> terms_buf;
   const int64_t on_amx =
       any_quantized && rows >= kAmxGemvRows && use_amx() && cpu_has_amx_int8() ? rows / kAmxGemvRows * kAmxGemvRows : 0;
-  if (on_amx && terms_buf.size() < size_t(on_amx * 2 * K)) terms_buf.resize(size_t(on_amx * 2 * K));
+  const size_t terms_bytes = size_t(on_amx / kAmxGemvRows * amx_gemv_block_bytes(K));
+  if (on_amx && terms_buf.size() < terms_bytes) terms_buf.resize(terms_bytes);
   // The workers read and write these (a name of a thread_local would be their own).
   Q8Row* xq_rows = xq_buf.data();
   int8_t* terms_data = terms_buf.data();
