@@ -307,6 +307,19 @@ void KvCache::write(int64_t layer, int64_t pos, const float* k, const float* v, 
     L.capacity = cap;
   }
   // A gap (pos > length) is already zero: storage beyond length is never written.
+  // A position's key is one 2-byte column of its tile in each of hd rows 32 bytes apart (32
+  // cache lines a head), its value a row of 2 lines: lines a decode step last read before
+  // the layers' weights streamed through the caches. Asked for all at once, ahead of the
+  // stores, their misses overlap instead of each store waiting on its own.
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t t = 0; t < T && t < kKTile; ++t) {
+      const int64_t p = pos + t;
+      const char* kd = reinterpret_cast<const char*>(L.k_head(h, hd) + k_tile_index(p, 0, hd));
+      if (t == 0 || p % kKTile == 0)  // a tile's lines once
+        for (int64_t b = 0; b < hd * kKTile * 2; b += 64) __builtin_prefetch(kd + b, 1, 3);
+      const char* vd = reinterpret_cast<const char*>(L.v_head(h, hd) + p * hd);
+      for (int64_t b = 0; b < hd * 2; b += 64) __builtin_prefetch(vd + b, 1, 3);
+    }
   thread_local std::vector<uint16_t> kh;
   if (kh.size() < size_t(T * kv_dim)) kh.resize(size_t(T * kv_dim));
   f32_to_f16(k, kh.data(), T * kv_dim);
