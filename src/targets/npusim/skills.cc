@@ -140,7 +140,9 @@ std::vector<PlanRewrite> propose_zero_copy(const nlohmann::json& plan, Pass, std
 using GemvKey = std::tuple<int64_t, int64_t, npusim::ElemType>;
 std::map<GemvKey, std::string> pass_gemvs(const nlohmann::json& plan, const NpuPlan& np, Pass pass) {
   const nlohmann::json& spec = plan.at("model").at("spec");
-  auto dim = [&](const char* key) { return json_integer(spec.at(key), fmt::format("plan.json: model spec '{}'", key), 1, 1 << 24); };
+  auto dim = [&](const char* key) {
+    return json_integer(spec.at(key), fmt::format("plan.json: model spec '{}'", key), 1, 1 << 24);
+  };
   const int64_t H = dim("hidden_size"), I = dim("intermediate_size"), hd = dim("head_dim"),
                 Q = hd * dim("num_attention_heads"), KV = hd * dim("num_key_value_heads"), V = dim("vocab_size");
   const npusim::WeightFormats formats =
