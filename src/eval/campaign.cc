@@ -66,9 +66,11 @@ void read_deployment(CampaignRow& row, const fs::path& dir, int threads) {
   if (!row.deployed) return;
   const nlohmann::json plan = read_json_file(dep.file("plan.json"));
   if (plan.contains("npusim")) {
-    const nlohmann::json& np = plan["npusim"]["plan"];
-    row.dispatches_per_layer =
-        fmt::format("{}/{}", np["prefill"].value("npu_dispatches_per_layer", 0), np["decode"].value("npu_dispatches_per_layer", 0));
+    const nlohmann::json& np = plan.at("npusim").at("plan");  // at(): a const operator[] on a missing key is undefined
+    auto per_layer = [&](const char* pass) {
+      return json_integer_or(np.at(pass), "npu_dispatches_per_layer", "plan.json: npu_dispatches_per_layer", 0);
+    };
+    row.dispatches_per_layer = fmt::format("{}/{}", per_layer("prefill"), per_layer("decode"));
   } else {
     row.dispatches_per_layer = "-";
   }
