@@ -66,10 +66,8 @@ TEST(FuzzRegressions, PlanReadersTakeJsonIntegersOnly) {
   std::ifstream in(verbatim);
   ASSERT_TRUE(in) << verbatim;
   EXPECT_THROW(npusim::plan_from_json(json::parse(in).at("npusim").at("plan")), Error);
-  const TargetDef* cpu = nullptr;
-  for (const TargetDef& d : target_defs())
-    if (d.name == "cpu") cpu = &d;
-  ASSERT_TRUE(cpu && cpu->options_from_plan);
+  const TargetDef* cpu = &target_def("cpu");
+  ASSERT_TRUE(cpu->options_from_plan);
   const json plan = {{"cpu", {{"threads", 2}}}};
   TargetOptions o;
   cpu->options_from_plan(plan, o);

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <type_traits>
 
 #include "io/gguf.h"
 #include "util/error.h"
+#include "util/json_fields.h"
 
 namespace tessera {
 
@@ -96,22 +98,22 @@ namespace {
 // Reads an integer field that must be present.
 int64_t required_int(const json& c, const char* key) {
   if (!c.contains(key) || c[key].is_null()) fail("config.json: missing required field '{}'", key);
-  if (!c[key].is_number_integer()) fail("config.json: field '{}' must be an integer", key);
-  return c[key].get<int64_t>();
+  return json_integer(c[key], fmt::format("config.json: field '{}'", key));
 }
 
 template <typename T>
 T optional_value(const json& c, const char* key, T def) {
   if (!c.contains(key) || c[key].is_null()) return def;
-  // An integer field takes integers only: nlohmann's get<int64_t> casts a float such as
-  // 6.1e60 to int64_t, which is undefined (found by fuzz/fuzz_config.cc).
+  // An integer field takes integers only (fuzz/fuzz_config.cc found 6.1e60 cast to int64_t).
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
-    if (!c[key].is_number_integer()) fail("config.json: field '{}' must be an integer", key);
-  try {
-    return c[key].get<T>();
-  } catch (const json::exception&) {
-    fail("config.json: field '{}' has the wrong type", key);
-  }
+    return T(json_integer(c[key], fmt::format("config.json: field '{}'", key), std::numeric_limits<T>::min(),
+                          std::numeric_limits<T>::max()));
+  else
+    try {
+      return c[key].get<T>();
+    } catch (const json::exception&) {
+      fail("config.json: field '{}' has the wrong type", key);
+    }
 }
 
 bool truthy(const json& c, const char* key) {
