@@ -12,6 +12,7 @@
 #include "oracle/ops.h"
 #include "oracle/oracle.h"
 #include "synth/synth.h"
+#include "targets/npusim/numerics.h"
 #include "test_support.h"
 
 namespace tessera {
@@ -95,6 +96,27 @@ TEST_P(OracleArch, ProbesNameEveryKernelOutput) {
 
 INSTANTIATE_TEST_SUITE_P(Families, OracleArch, ::testing::Values(Arch::Llama, Arch::Qwen2, Arch::Qwen3),
                          [](const auto& info) { return std::string(arch_name(info.param)); });
+
+// The hot loops check their whole ranges once instead of every access (util/sanitize.h):
+// under ASan a read one value past a buffer is still reported, for each such loop.
+TEST(RangeChecked, ReadsPastABufferAreStillReportedUnderAddressSanitizer) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  std::vector<float> f(16, 1.0f);
+  std::vector<uint16_t> h(32, 0x3F80);
+  std::vector<float> out(32);
+  EXPECT_EQ(oracle::dot(f.data(), f.data(), 16), 16.0f);
+  EXPECT_DEATH(oracle::dot(f.data(), f.data(), 17), "AddressSanitizer: heap-buffer-overflow");
+  EXPECT_EQ(npusim::dot_bf16(h.data(), h.data(), 32), 32.0f);
+  EXPECT_DEATH(npusim::dot_bf16(h.data(), h.data(), 33), "AddressSanitizer: heap-buffer-overflow");
+  to_f32(DType::BF16, reinterpret_cast<const uint8_t*>(h.data()), out.data(), 32);
+  EXPECT_EQ(out[31], 1.0f);
+  EXPECT_DEATH(to_f32(DType::BF16, reinterpret_cast<const uint8_t*>(h.data()), out.data(), 33),
+               "AddressSanitizer: heap-buffer-overflow");
+#else
+  GTEST_SKIP() << "an AddressSanitizer build checks this";
+#endif
+}
 
 TEST(OracleOps, RopeIsARotationWithRelativePositions) {
   ModelSpec s = micro_spec(Arch::Llama);

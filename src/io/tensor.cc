@@ -8,6 +8,7 @@
 #include "io/ggml_blocks.h"
 #include "util/error.h"
 #include "util/half.h"
+#include "util/sanitize.h"
 
 namespace tessera {
 
@@ -113,7 +114,7 @@ std::string TensorInfo::shape_str() const { return fmt::format("[{}]", fmt::join
 // difference is one fp32 operation in the order numpy does it (the K-quants: the sub-block's
 // scale d * sc rounded first, then times q, then minus dmin * m). The build compiles ISO C++
 // (no -ffp-contract=fast), so nothing is fused into an FMA.
-void to_f32(DType t, const uint8_t* src, float* dst, int64_t n) {
+TS_RANGE_CHECKED void to_f32(DType t, const uint8_t* src, float* dst, int64_t n) {
   if (n <= 0) return;
   const int64_t per_block = dtype_block_values(t);
   if (n % per_block != 0) {
@@ -121,6 +122,8 @@ void to_f32(DType t, const uint8_t* src, float* dst, int64_t n) {
          per_block);
   }
   const int64_t blocks = n / per_block;
+  check_range(src, size_t(blocks * dtype_block_bytes(t)), false);
+  check_range(dst, size_t(n) * sizeof(float), true);
   switch (t) {
     case DType::F32: std::memcpy(dst, src, size_t(n) * 4); return;
     case DType::F16:

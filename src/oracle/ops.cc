@@ -5,10 +5,13 @@
 #include <limits>
 
 #include "util/parallel.h"
+#include "util/sanitize.h"
 
 namespace tessera::oracle {
 
-float dot(const float* a, const float* b, int64_t n) {
+TS_RANGE_CHECKED float dot(const float* a, const float* b, int64_t n) {
+  check_range(a, size_t(std::max<int64_t>(n, 0)) * sizeof(float), false);
+  check_range(b, size_t(std::max<int64_t>(n, 0)) * sizeof(float), false);
   // 16 independent partial sums: the compiler vectorizes this, and the summation error
   // stays far below the gates' tolerances.
   float acc[16] = {};
