@@ -122,7 +122,7 @@ TS_RANGE_CHECKED void to_f32(DType t, const uint8_t* src, float* dst, int64_t n)
          per_block);
   }
   const int64_t blocks = n / per_block;
-  check_range(src, size_t(blocks * dtype_block_bytes(t)), false);
+  check_range(src, size_t(dtype_bytes(t, n)), false);
   check_range(dst, size_t(n) * sizeof(float), true);
   switch (t) {
     case DType::F32: std::memcpy(dst, src, size_t(n) * 4); return;

@@ -10,8 +10,9 @@
 namespace tessera::oracle {
 
 TS_RANGE_CHECKED float dot(const float* a, const float* b, int64_t n) {
-  check_range(a, size_t(std::max<int64_t>(n, 0)) * sizeof(float), false);
-  check_range(b, size_t(std::max<int64_t>(n, 0)) * sizeof(float), false);
+  const size_t bytes = size_t(std::max<int64_t>(n, 0)) * sizeof(float);
+  check_range(a, bytes, false);
+  check_range(b, bytes, false);
   // 16 independent partial sums: the compiler vectorizes this, and the summation error
   // stays far below the gates' tolerances.
   float acc[16] = {};

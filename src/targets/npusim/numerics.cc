@@ -73,8 +73,9 @@ void f32_to_bf16(const float* in, uint16_t* out, int64_t n) {
 #define TS_DOT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 TS_DOT_CLONES TS_RANGE_CHECKED float dot_bf16(const uint16_t* a, const uint16_t* b, int64_t n) {
-  check_range(a, size_t(std::max<int64_t>(n, 0)) * 2, false);
-  check_range(b, size_t(std::max<int64_t>(n, 0)) * 2, false);
+  const size_t bytes = size_t(std::max<int64_t>(n, 0)) * sizeof(uint16_t);
+  check_range(a, bytes, false);
+  check_range(b, bytes, false);
   constexpr int kLanes = 32;
   float acc[kLanes] = {};
   int64_t i = 0;
