@@ -226,14 +226,17 @@ TEST(CpuQuant, PortableGemvIsThePlainLoopsBitForBit) {
 // come out exactly as the one-row GEMV computes it, for every block type and bf16, matrices
 // sharing the input, a partial last group of rows, and row counts that are not multiples of
 // the kernel's rows per pass; K of one, three and 25 chunks of 32 values (the AMX GEMV
-// pairs chunks: an odd count ends in half a pair) and of one and two 256-value blocks.
+// pairs chunks: an odd count ends in half a pair) and of one and two 256-value blocks. The
+// AMX GEMV also takes two groups of 16 weight rows a pass: 53 rows end in a pair whose second
+// group is partial; 69 rows leave a fifth group, partial, to a pass of its own.
 TEST(CpuQuant, BatchedGemvRowsAreTheOneRowGemvBitForBit) {
   cpu::ThreadPool pool(2);
-  const int64_t Na = 53, Nb = 40;
+  const int64_t Nb = 40;
+  for (const int64_t Na : {53, 69})
   for (const int64_t K : {32, 96, 256, 512, 800})
   for (DType t : kTypes) {
     if (K % dtype_block_values(t) != 0) continue;
-    SCOPED_TRACE(fmt::format("{} K={}", dtype_name(t), K));
+    SCOPED_TRACE(fmt::format("{} K={} N={}", dtype_name(t), K, Na));
     const std::vector<uint16_t> bf = small_bf16(size_t(Nb * K), 30);
     const cpu::WeightMatrix wb = Bf16Matrix{bf.data(), Nb, K};
     const auto bytes = random_blocks(t, Na, K, 31);

@@ -749,10 +749,11 @@ TS_BF16 void gemv_x16_group(const Q8Row* const* x, const uint8_t* tiles, int64_t
 // per-row scaling in finish_chunk, which both paths share, more than the dot products.
 constexpr int kAmxGemvRows = 8;  // activation rows per A tile (hi and lo: 16 tile rows)
 
-// A round is two tile products: two chunks, or Q6_K's two halves of one (a scale per 16
-// values). Tiles 0/1: A (x's terms) of product 0/1, 2/3: B (the weights), 4/5 and 6/7: C (the
-// dots) of even and odd rounds, so that a round's products wait neither for each other nor
-// for the previous round's stores.
+// A round is two tile products: two chunks of one tile group, Q6_K's two halves of one chunk
+// (a scale per 16 values), or one chunk of two tile groups. Tiles 0/1: A (x's
+// terms) of product 0/1, 2/3: B (the weights), 4/5 and 6/7: C (the dots) of even and odd
+// rounds, so that a round's products wait neither for each other nor for the previous round's
+// stores.
 TS_AMX_INT8 void amx_gemv_config(int R, int sub) {
   AmxConfig cfg;
   for (int i = 0; i < 2; ++i) {
@@ -779,6 +780,13 @@ TS_AMX_INT8 void amx_gemv_config(int R, int sub) {
     _tile_zero(C);                         \
     _tile_dpbssd(C, A, B);                 \
   } while (0)
+// The same with A already in its tile (a pair's second group: the chunk's terms serve both).
+#define TS_AMX_PRODUCT_SAME_A(A, B, C, w) \
+  do {                                    \
+    _tile_loadd(B, w, 64);                \
+    _tile_zero(C);                        \
+    _tile_dpbssd(C, A, B);                \
+  } while (0)
 
 // A block of kAmxGemvRows rows as the AMX GEMV reads it (amx_gemv_terms writes it): per
 // 32-value chunk, 512 bytes of terms (the R rows' hi terms, 32 bytes each, then their lo
@@ -789,13 +797,19 @@ constexpr int64_t amx_gemv_block_bytes(int64_t K) {
   return 2 * kAmxGemvRows * K + K / 32 * 2 * kAmxGemvRows * int64_t(sizeof(float));
 }
 
-// gemv_x16_group for R = kAmxGemvRows rows given as one block of amx_gemv_block_bytes (a),
-// as a pipeline over rounds: round k + 2's weights are unpacked, round k + 1's products
-// started and round k's dots stored and scaled in the same step, so the AMX unit's latency
-// and the stores it reads and writes overlap the vector unit's work. The steady rounds run
-// without a branch (their scaling then keeps the accumulators in registers); the last two
-// rounds and a chunk past the end (an odd count: the last chunk again, not scaled) apart.
-template <DType kType>
+// gemv_x16_group for R = kAmxGemvRows rows given as one block of amx_gemv_block_bytes (a), for
+// kGroups (1 or 2) tile groups from g on, as a pipeline over rounds: round k + 2's weights are
+// unpacked, round k + 1's products started and round k's dots stored and scaled in the same
+// step, so the AMX unit's latency and the stores it reads and writes overlap the vector unit's
+// work. Two groups share each A tile load and read the weights as two streams at once, which
+// the memory system serves faster than one stream while the kernel computes (measured on
+// tessera_kernel_bench --only bgemv, 2 threads, [2048 x 2048] out of cache, 8 rows, medians of
+// 3 interleaved: Q4_0 159 us against 186, Q8_0 199 against 220, Q4_K 194 against 200; in L2
+// the two are alike, and three groups were slower, their 24 accumulators spilling). The steady
+// rounds run without a branch (their scaling then keeps the accumulators in registers); the
+// last two rounds and a chunk past the end (an odd count: the last chunk again, not scaled)
+// apart.
+template <DType kType, int kGroups>
 TS_AMX_INT8 void gemv_x16_group_amx(const int8_t* a, const uint8_t* tiles, int64_t N, int64_t K, const float* bias,
                                     float* const* y, int64_t g, bool prefetch) {
   constexpr int R = kAmxGemvRows;  // a constant: the accumulators stay in registers
@@ -803,26 +817,35 @@ TS_AMX_INT8 void gemv_x16_group_amx(const int8_t* a, const uint8_t* tiles, int64
   constexpr int kChunks = int(L.values / 32);
   constexpr int64_t kLines = (L.bytes + 63) / 64, kAhead = 4096;
   constexpr bool kHalves = kType == DType::Q6_K;
-  constexpr int kHalvesPer = kHalves ? 2 : 1, kRound = 2 / kHalvesPer;  // chunks per round
+  static_assert(kGroups == 1 || (kGroups == 2 && !kHalves), "a pair of groups takes a whole chunk per product");
+  constexpr int kHalvesPer = kHalves ? 2 : 1;
+  constexpr int kRound = kGroups == 2 ? 1 : 2 / kHalvesPer;  // chunks per round
   const int64_t blocks = K / L.values, chunks = blocks * kChunks, rounds = (chunks + kRound - 1) / kRound;
+  const int64_t group_bytes = blocks * L.bytes;
   const float* scales = reinterpret_cast<const float*>(a + 2 * R * K);  // [chunk][d: R, dsum: R]
   const __m512 lo_scale = _mm512_set1_ps(1.0f / Q8Row::kLoScale);
-  const uint8_t* first_tile = tiles + g * blocks * L.bytes;
-  alignas(64) uint8_t unpacked[3][kRound][512];  // a round's value vectors, three rounds in turn
-  alignas(64) int32_t dots[2][2][16 * 16];       // [round parity][product][tile row][weight row]
-  __m512 acc0[R], acc1[R], blk[R], blk_min[R];
-  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = blk[r] = blk_min[r] = _mm512_setzero_ps();
-  auto chunk_of = [&](int64_t k, int i) { return std::min(k * kRound + i, chunks - 1); };
-  auto tile_of = [&](int64_t q) { return first_tile + (q / kChunks) * L.bytes; };
+  const uint8_t* first_tile = tiles + g * group_bytes;
+  alignas(64) uint8_t unpacked[3][2][512];  // a round's value vectors (per product), three rounds in turn
+  alignas(64) int32_t dots[2][2][16 * 16];  // [round parity][product][tile row][weight row]
+  __m512 acc0[kGroups][R], acc1[kGroups][R], blk[kGroups][R], blk_min[kGroups][R];
+  for (int p = 0; p < kGroups; ++p)
+    for (int r = 0; r < R; ++r) acc0[p][r] = acc1[p][r] = blk[p][r] = blk_min[p][r] = _mm512_setzero_ps();
+  // Product i of round k: its chunk and the group it reads.
+  auto chunk_of = [&](int64_t k, int i) { return std::min(kGroups == 2 ? k : k * kRound + i, chunks - 1); };
+  auto tile_of = [&](int64_t q, int p) { return first_tile + p * group_bytes + (q / kChunks) * L.bytes; };
 
   auto unpack_round = [&](int64_t k, uint8_t (*out)[512]) TS_AMX_INT8 __attribute__((always_inline)) {
-    for (int i = 0; i < kRound; ++i) {
+    for (int i = 0; i < (kGroups == 2 ? 2 : kRound); ++i) {
+      const int p = kGroups == 2 ? i : 0;
       const int64_t q = chunk_of(k, i);
       const int j = int(q % kChunks);
-      const uint8_t* tile = tile_of(q);
-      if (prefetch)  // as gemv_x16_group
+      const uint8_t* tile = tile_of(q, p);
+      if (prefetch) {  // as gemv_x16_group; past a group's end into the next pass's group p
+        const bool past = (q / kChunks) * L.bytes + kAhead >= group_bytes;
+        const char* ahead = reinterpret_cast<const char*>(tile) + kAhead + (past ? (kGroups - 1) * group_bytes : 0);
         for (int64_t line = j * kLines / kChunks; line < (j + 1) * kLines / kChunks; ++line)
-          _mm_prefetch(reinterpret_cast<const char*>(tile) + kAhead + 64 * line, _MM_HINT_T1);
+          _mm_prefetch(ahead + 64 * line, _MM_HINT_T1);
+      }
       for (int c = 0; c < 4; ++c) {
         __m512i v0, v1;
         signed_value_vectors<kType>(tile, j, c, v0, v1);
@@ -833,10 +856,18 @@ TS_AMX_INT8 void gemv_x16_group_amx(const int8_t* a, const uint8_t* tiles, int64
   };
   auto dot_round = [&](int64_t k, const uint8_t (*w)[512]) TS_AMX_INT8 __attribute__((always_inline)) {
     const int8_t* a0 = a + chunk_of(k, 0) * (2 * R * 32);
-    const int8_t* a1 = kHalves ? a0 + 16 : a + chunk_of(k, 1) * (2 * R * 32);
+    const int8_t* a1 = kHalves ? a0 + 16 : a + chunk_of(k, 1) * (2 * R * 32);  // a pair: a0
     const uint8_t* w0 = w[0];
-    const uint8_t* w1 = kHalves ? w0 + 256 : w[kRound - 1];
-    if (k & 1) {
+    const uint8_t* w1 = kHalves ? w0 + 256 : w[1];
+    if constexpr (kGroups == 2) {
+      if (k & 1) {
+        TS_AMX_PRODUCT(0, 2, 6, a0, 32, w0);
+        TS_AMX_PRODUCT_SAME_A(0, 3, 7, w1);
+      } else {
+        TS_AMX_PRODUCT(0, 2, 4, a0, 32, w0);
+        TS_AMX_PRODUCT_SAME_A(0, 3, 5, w1);
+      }
+    } else if (k & 1) {
       TS_AMX_PRODUCT(0, 2, 6, a0, 32, w0);
       TS_AMX_PRODUCT(1, 3, 7, a1, 32, w1);
     } else {
@@ -856,27 +887,31 @@ TS_AMX_INT8 void gemv_x16_group_amx(const int8_t* a, const uint8_t* tiles, int64
       _tile_stored(5, out[1], 64);
     }
   };
+  // Scales product i of round k (Q6_K: both halves of the round's one chunk).
   auto scale_chunk = [&](int64_t k, int i) TS_AMX_INT8 __attribute__((always_inline)) {
     const int32_t(*in)[256] = dots[k & 1];
-    const int64_t q = k * kRound + i;
+    const int p = kGroups == 2 ? i : 0;
+    const int64_t q = kGroups == 2 ? k : k * kRound + i;
     const int j = int(q % kChunks);
-    const uint8_t* tile = tile_of(q);
+    const uint8_t* tile = tile_of(q, p);
     const float* xs = scales + q * 2 * R;
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile)));
     for (int r = 0; r < R; ++r) {
       __m512i sh[2], sl[2];
       for (int h = 0; h < kHalvesPer; ++h) {
-        const int32_t* c = in[i * kHalvesPer + h];
+        const int32_t* c = in[kHalves ? h : i];
         sh[h] = _mm512_load_si512(c + 16 * r);
         sl[h] = _mm512_load_si512(c + 16 * (R + r));
       }
-      finish_chunk<kType>(xs[r], xs[R + r], tile, j, sh, sl, d, lo_scale, blk[r], blk_min[r], acc0[r], acc1[r]);
+      finish_chunk<kType>(xs[r], xs[R + r], tile, j, sh, sl, d, lo_scale, blk[p][r], blk_min[p][r], acc0[p][r],
+                          acc1[p][r]);
       if (j == kChunks - 1) {
-        finish_block<kType>(tile, d, blk[r], blk_min[r], acc0[r], acc1[r]);
-        blk[r] = blk_min[r] = _mm512_setzero_ps();
+        finish_block<kType>(tile, d, blk[p][r], blk_min[p][r], acc0[p][r], acc1[p][r]);
+        blk[p][r] = blk_min[p][r] = _mm512_setzero_ps();
       }
     }
   };
+  constexpr int kScaled = kGroups == 2 ? 2 : kRound;  // scale_chunk calls per round
   uint8_t(*u0)[512] = unpacked[0];  // round k's value vectors
   uint8_t(*u1)[512] = unpacked[1];  // round k + 1's
   uint8_t(*u2)[512] = unpacked[2];  // round k + 2's
@@ -888,7 +923,7 @@ TS_AMX_INT8 void gemv_x16_group_amx(const int8_t* a, const uint8_t* tiles, int64
     unpack_round(k + 2, u2);
     dot_round(k + 1, u1);
     store_round(k);
-    for (int i = 0; i < kRound; ++i) scale_chunk(k, i);
+    for (int i = 0; i < kScaled; ++i) scale_chunk(k, i);
     uint8_t(*t)[512] = u0;
     u0 = u1;
     u1 = u2;
@@ -897,22 +932,34 @@ TS_AMX_INT8 void gemv_x16_group_amx(const int8_t* a, const uint8_t* tiles, int64
   for (; k < rounds; ++k) {
     if (k + 1 < rounds) dot_round(k + 1, u1);
     store_round(k);
-    for (int i = 0; i < kRound && k * kRound + i < chunks; ++i) scale_chunk(k, i);
+    for (int i = 0; i < kScaled && (kGroups == 2 || k * kRound + i < chunks); ++i) scale_chunk(k, i);
     std::swap(u0, u1);
   }
-  for (int r = 0; r < R; ++r) store_group(acc0[r], acc1[r], bias, y[r], g, N);
+  for (int p = 0; p < kGroups; ++p)
+    for (int r = 0; r < R; ++r) store_group(acc0[p][r], acc1[p][r], bias, y[r], g + p, N);
 }
 
 // Groups [g0, g1) for `rows` (a multiple of kAmxGemvRows) activation rows, kAmxGemvRows at a
-// time (a: their blocks, see amx_gemv_block_bytes).
+// time (a: their blocks, see amx_gemv_block_bytes), two groups a pass but for Q6_K and an odd
+// group left at the end.
 template <DType kType>
 TS_AMX_INT8 void gemv_x16_amx(int rows, const int8_t* a, const uint8_t* tiles, int64_t N, int64_t K, const float* bias,
                               float* const* y, int64_t g0, int64_t g1) {
+  constexpr bool kPairs = kType != DType::Q6_K;
   amx_gemv_config(kAmxGemvRows, kType == DType::Q6_K ? 16 : 32);
-  for (int64_t g = g0; g < g1; ++g)
-    for (int r0 = 0; r0 < rows; r0 += kAmxGemvRows)
-      gemv_x16_group_amx<kType>(a + r0 / kAmxGemvRows * amx_gemv_block_bytes(K), tiles, N, K, bias, y + r0, g,
-                                r0 == 0);
+  for (int64_t g = g0; g < g1;) {
+    const bool pair = kPairs && g + 1 < g1;
+    for (int r0 = 0; r0 < rows; r0 += kAmxGemvRows) {
+      const int8_t* block = a + r0 / kAmxGemvRows * amx_gemv_block_bytes(K);
+      if constexpr (kPairs)
+        if (pair) {
+          gemv_x16_group_amx<kType, 2>(block, tiles, N, K, bias, y + r0, g, r0 == 0);
+          continue;
+        }
+      gemv_x16_group_amx<kType, 1>(block, tiles, N, K, bias, y + r0, g, r0 == 0);
+    }
+    g += pair ? 2 : 1;
+  }
   _tile_release();
 }
 
