@@ -203,6 +203,7 @@ void run_bench(const BenchArgs& a) {
       fail("--batch {}: this target holds 1 to {} sequences", B, runner.max_sequences());
     std::vector<int> seqs(static_cast<size_t>(B));
     for (int i = 0; i < B; ++i) seqs[size_t(i)] = i;
+    std::vector<float> logits;  // one buffer for every step, as a server keeps it
     for (int C : lens) {
       std::vector<double> tps;
       for (int r = 0; r < a.repeats; ++r) {
@@ -216,7 +217,7 @@ void run_bench(const BenchArgs& a) {
         if (cpu_runner) cpu_runner->clear_profile();
         for (int t = 0; t < a.decode_tokens; ++t) {
           const std::vector<int32_t> step(size_t(B), ids[size_t(C + t)]);
-          runner.decode_batch(seqs, step);
+          runner.decode_batch(seqs, step, logits);
         }
         tps.push_back(double(B) * a.decode_tokens / seconds_since(t0));
       }

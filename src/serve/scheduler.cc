@@ -204,9 +204,9 @@ void Scheduler::decode_step(std::span<Slot*> slots) {
     }
   }
   if (going.empty()) return;
-  std::vector<float> logits;
+  std::vector<float>& logits = step_logits_;
   try {
-    logits = runner_->decode_batch(seqs, ids);
+    runner_->decode_batch(seqs, ids, logits);
   } catch (const std::exception& e) {  // the step failed as a whole: every request in it ends
     for (Slot* sp : going) release(*sp, "error", e.what());
     return;

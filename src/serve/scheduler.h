@@ -146,6 +146,7 @@ class Scheduler {
 
   std::unique_ptr<ModelRunner> runner_;
   std::vector<Slot> slots_;
+  std::vector<float> step_logits_;  // a decode step's logits, every slot's row; kept across steps
   const Tokenizer& tokenizer_;
   SchedulerOptions options_;
   Metrics& metrics_;

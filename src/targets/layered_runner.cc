@@ -74,7 +74,7 @@ void LayeredRunner::select_sequence(int seq) {
   kv_select(seq);
 }
 
-std::vector<float> LayeredRunner::decode_batch(std::span<const int> seqs, std::span<const int32_t> ids) {
+void LayeredRunner::decode_batch(std::span<const int> seqs, std::span<const int32_t> ids, std::vector<float>& logits) {
   const ModelSpec& s = spec();
   const int64_t B = int64_t(seqs.size()), H = s.hidden;
   if (B == 0 || ids.size() != seqs.size())
@@ -122,7 +122,7 @@ std::vector<float> LayeredRunner::decode_batch(std::span<const int> seqs, std::s
     count(Stage::FinalNorm);
     op_rmsnorm(Stage::FinalNorm, -1, h.data() + r * H, 1, x.data() + r * H);
   }
-  std::vector<float> logits(size_t(B * s.vocab));
+  logits.resize(size_t(B * s.vocab));  // the LM head writes every element
   count(Stage::LmHead);
   static const std::vector<float> kNoBias;
   op_linear(Stage::LmHead, x.data(), B, model_.lm_head().name, kNoBias, logits.data());
@@ -131,7 +131,6 @@ std::vector<float> LayeredRunner::decode_batch(std::span<const int> seqs, std::s
     ++position_;
   }
   if (profile_) lap(Stage::Count);
-  return logits;
 }
 
 void LayeredRunner::count(Stage s) {

@@ -40,7 +40,8 @@ class LayeredRunner : public StagedRunner {
   // One pass over the layers for all the sequences' rows: the linears take every row at once
   // (the target sees batched_rows() and keeps each row's one-row numerics); the row-wise
   // stages and attention run row by row on each sequence's own cache.
-  std::vector<float> decode_batch(std::span<const int> seqs, std::span<const int32_t> ids) override;
+  using ModelRunner::decode_batch;
+  void decode_batch(std::span<const int> seqs, std::span<const int32_t> ids, std::vector<float>& logits) override;
 
   // StagedRunner
   void forward_layers(float* h, int64_t T, int64_t n_layers, const ProbeFn& probe = {},

@@ -40,10 +40,17 @@ class ModelRunner {
   virtual void select_sequence(int seq);
   virtual int selected_sequence() const { return 0; }
   // One decode step of several distinct sequences: ids[i] at the next position of sequence
-  // seqs[i]. Returns [seqs.size(), vocab] logits, row i what forward({ids[i]}, false) returns
-  // on sequence seqs[i] alone (bit for bit where the target says so). The selection is kept.
-  // By default, one forward per sequence.
-  virtual std::vector<float> decode_batch(std::span<const int> seqs, std::span<const int32_t> ids);
+  // seqs[i]. Leaves [seqs.size(), vocab] logits in `logits`, row i what forward({ids[i]},
+  // false) returns on sequence seqs[i] alone (bit for bit where the target says so); a vector
+  // kept from the last step of the same size is overwritten, not cleared first (4 MB a step
+  // for 8 rows of a 128K vocabulary). The selection is kept. By default, one forward per
+  // sequence.
+  virtual void decode_batch(std::span<const int> seqs, std::span<const int32_t> ids, std::vector<float>& logits);
+  std::vector<float> decode_batch(std::span<const int> seqs, std::span<const int32_t> ids) {
+    std::vector<float> logits;
+    decode_batch(seqs, ids, logits);
+    return logits;
+  }
 };
 
 // The oracle as a runner (the reference every target is gated against).
