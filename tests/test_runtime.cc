@@ -1,7 +1,12 @@
 // Sampling and streaming pieces of generation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <random>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "runtime/generate.h"
 #include "runtime/sampler.h"
@@ -16,6 +21,35 @@ TEST(Sampler, GreedyIsArgmax) {
   Sampler s({0.0f, 0, 1.0f, 0});
   EXPECT_EQ(s.sample(kLogits), 1);
   EXPECT_EQ(argmax(std::vector<float>{1.0f, 3.0f, 3.0f}), 1) << "first of ties, like torch.argmax";
+}
+
+// argmax scans 16 lanes at a time: it must still give std::max_element's index (the first
+// of the largest) for every length, the maximum anywhere (the vector body or the tail), ties,
+// signed zeros, all -inf, and a NaN anywhere (max_element's answer, whatever it is).
+TEST(Sampler, ArgmaxIsTheFirstLargestValue) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  auto first_largest = [](const std::vector<float>& v) {
+    return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
+  };
+  for (const size_t n : {size_t(1), size_t(3), size_t(15), size_t(16), size_t(17), size_t(100), size_t(4099)})
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> v(n);
+      for (float& x : v) x = trial % 5 == 0 ? float(int(normal(rng) * 2)) : normal(rng);  // many ties
+      const size_t at = rng() % n;
+      if (trial % 7 == 1) v[at] = 100.0f;
+      if (trial % 7 == 2) v[n - 1] = 100.0f;  // in the tail past the 16-lane body
+      if (trial % 7 == 3) std::fill(v.begin(), v.end(), -INFINITY);
+      if (trial % 7 == 4) v[at] = NAN;
+      if (trial % 7 == 5) {
+        std::fill(v.begin(), v.end(), -1.0f);
+        v[at] = -0.0f;
+        v[(at + 1) % n] = 0.0f;
+      }
+      if (trial % 7 == 6) v[0] = NAN;
+      SCOPED_TRACE(fmt::format("n={} trial={}", n, trial));
+      EXPECT_EQ(argmax(v), first_largest(v));
+    }
 }
 
 TEST(Sampler, TopKOneAndTinyTopPAreGreedy) {

