@@ -286,8 +286,9 @@ TEST(CpuKernels, RopeMatchesOracle) {
 }
 
 TEST(CpuKernels, SiluMulAddEmbeddingMatchOracle) {
+  cpu::ThreadPool pool(2);
   for_each_isa([&](const std::string&) {
-    for (int64_t n : {1, 5, 16, 67, 1536}) {
+    for (int64_t n : {1, 5, 16, 67, 1536, 5000}) {  // 5000: split across the pool, a partial last piece
       auto g = randn(size_t(n), uint32_t(n), 4.0f);
       if (n > 3) {
         g[0] = -120.0f;
@@ -297,11 +298,11 @@ TEST(CpuKernels, SiluMulAddEmbeddingMatchOracle) {
       const auto u = randn(size_t(n), uint32_t(n + 3));
       std::vector<float> ref(static_cast<size_t>(n)), got(static_cast<size_t>(n));
       oracle::silu_mul(g.data(), u.data(), ref.data(), n);
-      cpu::silu_mul(g.data(), u.data(), got.data(), n);
+      cpu::silu_mul(g.data(), u.data(), got.data(), n, pool);
       EXPECT_LE(compare(got.data(), ref.data(), got.size()).nmse, 1e-10) << "n=" << n;
       for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(std::isfinite(got[i]));
       auto inplace = g;
-      cpu::silu_mul(inplace.data(), u.data(), inplace.data(), n);
+      cpu::silu_mul(inplace.data(), u.data(), inplace.data(), n, pool);
       EXPECT_LE(compare(inplace.data(), ref.data(), got.size()).nmse, 1e-10);
 
       auto h = randn(size_t(n), 11);

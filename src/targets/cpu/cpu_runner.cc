@@ -284,14 +284,7 @@ void CpuRunner::kernel_rmsnorm(Stage, int64_t, const float* w, const float* x, i
 }
 
 void CpuRunner::kernel_silu_mul(const float* gate, const float* up, int64_t T, float* out) {
-  // Split across the pool in 1024-value pieces (one row of 8192 takes ~7 us on one core, a
-  // region ~1 us); each value is computed alone, so the split changes no bit.
-  const int64_t n = T * spec().intermediate, kPiece = 1024;
-  if (n < 2 * kPiece || pool_->size() == 1) return cpu::silu_mul(gate, up, out, n);
-  pool_->parallel_for((n + kPiece - 1) / kPiece, [&](int64_t b, int64_t e) {
-    const int64_t i0 = b * kPiece, i1 = std::min(n, e * kPiece);
-    cpu::silu_mul(gate + i0, up + i0, out + i0, i1 - i0);
-  });
+  cpu::silu_mul(gate, up, out, T * spec().intermediate, *pool_);
 }
 
 void CpuRunner::kernel_add(Stage, float* acc, const float* x, int64_t T) { cpu::add(acc, x, T * spec().hidden); }

@@ -191,7 +191,16 @@ void rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t pos0, 
   rope_hwy(x, T, n_heads, head_dim, pos0, inv_freq);
 }
 
-void silu_mul(const float* gate, const float* up, float* out, int64_t n) { silu_mul_hwy(gate, up, out, n); }
+void silu_mul(const float* gate, const float* up, float* out, int64_t n, ThreadPool& pool) {
+  // 1024-value pieces (multiples of the vector width, so every value takes the path it takes
+  // unsplit): a row of 8192 takes ~7 us on one core, a parallel region ~1 us.
+  constexpr int64_t kPiece = 1024;
+  if (n < 2 * kPiece || pool.size() == 1) return silu_mul_hwy(gate, up, out, n);
+  pool.parallel_for((n + kPiece - 1) / kPiece, [&](int64_t b, int64_t e) {
+    const int64_t i0 = b * kPiece, i1 = std::min(n, e * kPiece);
+    silu_mul_hwy(gate + i0, up + i0, out + i0, i1 - i0);
+  });
+}
 
 void add(float* h, const float* x, int64_t n) { add_hwy(h, x, n); }
 

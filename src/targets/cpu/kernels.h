@@ -112,8 +112,9 @@ void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t n
 // inv_freq holds head_dim / 2 frequencies with any scaling already applied.
 void rope(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t pos0, const float* inv_freq);
 
-// out = silu(gate) * up (in place on gate allowed).
-void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+// out = silu(gate) * up (in place on gate allowed), split across the pool's threads (each
+// value computed alone, so the split changes no bit).
+void silu_mul(const float* gate, const float* up, float* out, int64_t n, ThreadPool& pool);
 
 // h += x.
 void add(float* h, const float* x, int64_t n);

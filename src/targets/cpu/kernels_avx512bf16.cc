@@ -820,23 +820,26 @@ TS_AMX_INT8 void gemv_x16_group_amx(const int8_t* a, const uint8_t* tiles, int64
   static_assert(kGroups == 1 || (kGroups == 2 && !kHalves), "a pair of groups takes a whole chunk per product");
   constexpr int kHalvesPer = kHalves ? 2 : 1;
   constexpr int kRound = kGroups == 2 ? 1 : 2 / kHalvesPer;  // chunks per round
+  constexpr int kUnits = kGroups * kRound;  // (chunk, group) pairs a round unpacks and scales
   const int64_t blocks = K / L.values, chunks = blocks * kChunks, rounds = (chunks + kRound - 1) / kRound;
   const int64_t group_bytes = blocks * L.bytes;
   const float* scales = reinterpret_cast<const float*>(a + 2 * R * K);  // [chunk][d: R, dsum: R]
   const __m512 lo_scale = _mm512_set1_ps(1.0f / Q8Row::kLoScale);
   const uint8_t* first_tile = tiles + g * group_bytes;
-  alignas(64) uint8_t unpacked[3][2][512];  // a round's value vectors (per product), three rounds in turn
+  alignas(64) uint8_t unpacked[3][2][512];  // a round's value vectors (per unit), three rounds in turn
   alignas(64) int32_t dots[2][2][16 * 16];  // [round parity][product][tile row][weight row]
   __m512 acc0[kGroups][R], acc1[kGroups][R], blk[kGroups][R], blk_min[kGroups][R];
   for (int p = 0; p < kGroups; ++p)
     for (int r = 0; r < R; ++r) acc0[p][r] = acc1[p][r] = blk[p][r] = blk_min[p][r] = _mm512_setzero_ps();
-  // Product i of round k: its chunk and the group it reads.
-  auto chunk_of = [&](int64_t k, int i) { return std::min(kGroups == 2 ? k : k * kRound + i, chunks - 1); };
+  // Unit i of round k: its chunk (past the end for the last round of an odd count) and group.
+  auto chunk_at = [&](int64_t k, int i) { return kGroups == 2 ? k : k * kRound + i; };
+  auto chunk_of = [&](int64_t k, int i) { return std::min(chunk_at(k, i), chunks - 1); };
+  auto group_of = [](int i) { return kGroups == 2 ? i : 0; };
   auto tile_of = [&](int64_t q, int p) { return first_tile + p * group_bytes + (q / kChunks) * L.bytes; };
 
   auto unpack_round = [&](int64_t k, uint8_t (*out)[512]) TS_AMX_INT8 __attribute__((always_inline)) {
-    for (int i = 0; i < (kGroups == 2 ? 2 : kRound); ++i) {
-      const int p = kGroups == 2 ? i : 0;
+    for (int i = 0; i < kUnits; ++i) {
+      const int p = group_of(i);
       const int64_t q = chunk_of(k, i);
       const int j = int(q % kChunks);
       const uint8_t* tile = tile_of(q, p);
@@ -887,11 +890,11 @@ TS_AMX_INT8 void gemv_x16_group_amx(const int8_t* a, const uint8_t* tiles, int64
       _tile_stored(5, out[1], 64);
     }
   };
-  // Scales product i of round k (Q6_K: both halves of the round's one chunk).
+  // Scales unit i of round k (Q6_K: both halves, its two products, of the round's one chunk).
   auto scale_chunk = [&](int64_t k, int i) TS_AMX_INT8 __attribute__((always_inline)) {
     const int32_t(*in)[256] = dots[k & 1];
-    const int p = kGroups == 2 ? i : 0;
-    const int64_t q = kGroups == 2 ? k : k * kRound + i;
+    const int p = group_of(i);
+    const int64_t q = chunk_at(k, i);
     const int j = int(q % kChunks);
     const uint8_t* tile = tile_of(q, p);
     const float* xs = scales + q * 2 * R;
@@ -911,7 +914,6 @@ TS_AMX_INT8 void gemv_x16_group_amx(const int8_t* a, const uint8_t* tiles, int64
       }
     }
   };
-  constexpr int kScaled = kGroups == 2 ? 2 : kRound;  // scale_chunk calls per round
   uint8_t(*u0)[512] = unpacked[0];  // round k's value vectors
   uint8_t(*u1)[512] = unpacked[1];  // round k + 1's
   uint8_t(*u2)[512] = unpacked[2];  // round k + 2's
@@ -923,7 +925,7 @@ TS_AMX_INT8 void gemv_x16_group_amx(const int8_t* a, const uint8_t* tiles, int64
     unpack_round(k + 2, u2);
     dot_round(k + 1, u1);
     store_round(k);
-    for (int i = 0; i < kScaled; ++i) scale_chunk(k, i);
+    for (int i = 0; i < kUnits; ++i) scale_chunk(k, i);
     uint8_t(*t)[512] = u0;
     u0 = u1;
     u1 = u2;
@@ -932,7 +934,7 @@ TS_AMX_INT8 void gemv_x16_group_amx(const int8_t* a, const uint8_t* tiles, int64
   for (; k < rounds; ++k) {
     if (k + 1 < rounds) dot_round(k + 1, u1);
     store_round(k);
-    for (int i = 0; i < kScaled && (kGroups == 2 || k * kRound + i < chunks); ++i) scale_chunk(k, i);
+    for (int i = 0; i < kUnits && chunk_at(k, i) < chunks; ++i) scale_chunk(k, i);
     std::swap(u0, u1);
   }
   for (int p = 0; p < kGroups; ++p)
