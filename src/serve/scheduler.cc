@@ -158,7 +158,8 @@ void Scheduler::admit(std::unique_lock<std::mutex>&) {
     s.job = job;
     s.prefilled = keep;
     s.reused = int64_t(keep);
-    s.logits.clear();
+    s.logits = {};
+    s.borrowed = false;
     s.sampler.emplace(job->params.sampling);
     s.generated.clear();
     s.stop_ids = job->params.ignore_eos ? std::vector<int32_t>{} : eos_;
@@ -181,7 +182,9 @@ void Scheduler::prefill_step(Slot& s) {
     if (left - n < kMinPrefillRows) n = left;
   }
   const std::span<const int32_t> chunk(p.data() + s.prefilled, n);
-  s.logits = sequence(s).forward(chunk, /*all_logits=*/false);
+  s.own_logits = sequence(s).forward(chunk, /*all_logits=*/false);
+  s.logits = s.own_logits;
+  s.borrowed = false;
   s.cached.insert(s.cached.end(), chunk.begin(), chunk.end());
   // Rows of a call with T >= kMinPrefillRows are what any later prefill would compute.
   if (n >= kMinPrefillRows && s.reusable == s.cached.size() - n) s.reusable = s.cached.size();
@@ -204,6 +207,19 @@ void Scheduler::decode_step(std::span<Slot*> slots) {
     }
   }
   if (going.empty()) return;
+  // The step overwrites (or reallocates) step_logits_: a running slot that is not in it (a
+  // slow client's, skipped this step) keeps its row in a copy of its own; a slot in it has
+  // sampled from its row already.
+  for (Slot& s : slots_) {
+    if (!s.borrowed) continue;
+    s.borrowed = false;
+    if (s.job && std::find(going.begin(), going.end(), &s) == going.end()) {
+      s.own_logits.assign(s.logits.begin(), s.logits.end());
+      s.logits = s.own_logits;
+    } else {
+      s.logits = {};
+    }
+  }
   std::vector<float>& logits = step_logits_;
   try {
     runner_->decode_batch(seqs, ids, logits);
@@ -214,7 +230,8 @@ void Scheduler::decode_step(std::span<Slot*> slots) {
   const size_t V = logits.size() / going.size();
   for (size_t i = 0; i < going.size(); ++i) {
     Slot& s = *going[i];
-    s.logits.assign(logits.begin() + std::ptrdiff_t(i * V), logits.begin() + std::ptrdiff_t((i + 1) * V));
+    s.logits = std::span<const float>(logits).subspan(i * V, V);
+    s.borrowed = true;
     s.cached.push_back(ids[i]);
   }
 }

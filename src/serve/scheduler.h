@@ -120,7 +120,12 @@ class Scheduler {
     std::shared_ptr<Job> job;
     size_t prefilled = 0;            // prompt ids run so far
     int64_t reused = 0;              // prompt ids the cache already held at admission
-    std::vector<float> logits;       // of the last position run, once the prompt is in
+    // The logits of the last position run, once the prompt is in: a row of step_logits_
+    // after a decode step (no copy of 128K floats a slot a step), or own_logits after a
+    // prefill, or when a step passes the slot by while step_logits_ is overwritten.
+    std::span<const float> logits;
+    std::vector<float> own_logits;
+    bool borrowed = false;  // logits is a row of step_logits_
     std::optional<Sampler> sampler;
     std::vector<int32_t> generated;
     std::vector<int32_t> stop_ids;   // sorted

@@ -43,8 +43,15 @@ class ThreadPool {
   // As above, but hands out chunks of `grain` items dynamically (for uneven work, e.g. causal
   // attention); grain <= 0 means one equal contiguous chunk per thread.
   void parallel_for(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn, int64_t grain);
+  // As above, dynamically, each chunk a share of the items left (a multiple of min_grain, at
+  // least min_grain): large chunks first (few chunk starts), small ones last, so the threads
+  // finish within a small chunk of each other instead of a large one.
+  void parallel_for_guided(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn, int64_t min_grain);
 
  private:
+  // Publishes a region of `chunks` chunks (as the Impl's mode says), runs chunks on this
+  // thread too, and returns when all are done; the caller holds the call lock.
+  void run(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn, int64_t chunks, int64_t grain);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -748,6 +748,9 @@ TS_BF16 void gemv_x16_group(const Q8Row* const* x, const uint8_t* tiles, int64_t
 // (VNNI 271), Q8_0 250 (VNNI 324); 2 and 4 rows stay on VNNI. What limits 8 rows is the
 // per-row scaling in finish_chunk, which both paths share, more than the dot products.
 constexpr int kAmxGemvRows = 8;  // activation rows per A tile (hi and lo: 16 tile rows)
+// The decode GEMV's smallest chunk of work for a thread, in blocks of 16 weight rows: even,
+// so the AMX GEMV's pairs of groups stay pairs.
+constexpr int64_t kGemvMinGrain = 2;
 
 // A round is two tile products: two chunks of one tile group, Q6_K's two halves of one chunk
 // (a scale per 16 values), or one chunk of two tile groups. Tiles 0/1: A (x's
@@ -1377,8 +1380,8 @@ void gemv_outs(const float* x, int64_t rows, const uint16_t* xb, int64_t Kp, std
       quantize(0, rows);
   }
   // Every matrix's rows in blocks of 16, numbered across the matrices in order, handed
-  // out in dynamic chunks of >= 4 blocks (64 rows): a thread that the memory system
-  // serves faster takes more, so neither waits at the barrier for the other.
+  // out dynamically in chunks that shrink to kGemvMinGrain blocks: a thread that the memory
+  // system serves faster takes more, and the two finish a small chunk apart.
   std::array<int64_t, 9> first{};  // first[i]: the first block of outs[i]
   if (outs.size() + 1 > first.size()) {
     for (const MatmulOut& o : outs) gemv_outs(x, rows, xb, Kp, std::span<const MatmulOut>(&o, 1), pool);
@@ -1386,8 +1389,7 @@ void gemv_outs(const float* x, int64_t rows, const uint16_t* xb, int64_t Kp, std
   }
   for (size_t i = 0; i < outs.size(); ++i) first[i + 1] = first[i] + (outs[i].w->rows + 15) / 16;
   const int64_t blocks = first[outs.size()];
-  const int64_t grain = std::max<int64_t>(4, blocks / (8 * pool.size()));
-  pool.parallel_for(
+  pool.parallel_for_guided(
       blocks,
       [&](int64_t b, int64_t e) {
         std::array<float*, kMaxGemvRows> y;  // row r's output of the matrix at hand
@@ -1410,7 +1412,7 @@ void gemv_outs(const float* x, int64_t rows, const uint16_t* xb, int64_t Kp, std
           b = first[i + 1];
         }
       },
-      grain);
+      kGemvMinGrain);
 }
 
 // Quantized matrices at T > 1 (one shared input x): every row exactly as the decode GEMV

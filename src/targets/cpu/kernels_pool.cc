@@ -47,6 +47,8 @@ struct ThreadPool::Impl {
   // The current job; stable while any of its chunks is claimed and not yet done.
   const std::function<void(int64_t, int64_t)>* fn = nullptr;
   int64_t n = 0, chunks = 0, grain = 0;  // grain 0: chunk c is [n*c/chunks, n*(c+1)/chunks)
+  bool guided = false;                    // chunk c is [bounds[c], bounds[c + 1])
+  std::vector<int64_t> bounds;
 
   std::mutex sleep_mutex;
   std::condition_variable sleep_cv;
@@ -62,7 +64,10 @@ struct ThreadPool::Impl {
       if (!state.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
       const int64_t c = int64_t(next_of(s));
       int64_t b, e;
-      if (grain > 0) {
+      if (guided) {
+        b = bounds[size_t(c)];
+        e = bounds[size_t(c) + 1];
+      } else if (grain > 0) {
         b = c * grain;
         e = std::min(n, b + grain);
       } else {
@@ -161,6 +166,38 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t begin,
   } else {
     chunks = std::min<int64_t>(n, p.threads);
   }
+  p.guided = false;
+  run(n, fn, chunks, grain);
+}
+
+void ThreadPool::parallel_for_guided(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn,
+                                     int64_t min_grain) {
+  if (n <= 0) return;
+  Impl& p = *impl_;
+  min_grain = std::max<int64_t>(min_grain, 1);
+  if (p.threads == 1 || n == 1 || t_inside_pool || min_grain >= n) {
+    fn(0, n);  // serial (also nested regions: run inline)
+    return;
+  }
+  std::lock_guard<std::mutex> call_lock(p.call_mutex);
+  // Each chunk 1 / (2 threads) of what is left, rounded up to whole grains: with two threads
+  // the first is a quarter of the region and each next one 3/4 of the one before, down to
+  // min_grain. At most n / min_grain chunks, which the state word's count must hold.
+  min_grain = std::max(min_grain, (n + int64_t(kMaxChunks) / 2 - 1) / (int64_t(kMaxChunks) / 2));
+  p.bounds.clear();
+  for (int64_t b = 0; b < n;) {
+    p.bounds.push_back(b);
+    const int64_t share = (n - b + 2 * p.threads - 1) / (2 * p.threads);
+    b = std::min(n, b + (share + min_grain - 1) / min_grain * min_grain);
+  }
+  p.bounds.push_back(n);
+  p.guided = true;
+  run(n, fn, int64_t(p.bounds.size()) - 1, 0);
+}
+
+void ThreadPool::run(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn, int64_t chunks,
+                     int64_t grain) {
+  Impl& p = *impl_;
   p.fn = &fn;
   p.n = n;
   p.chunks = chunks;
