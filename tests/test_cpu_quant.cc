@@ -310,15 +310,23 @@ TEST(CpuQuant, PrefillRowsAreTheOneRowGemvBitForBit) {
 
 // The activation quantizer is vectorized (Highway): on every target it must write the plain
 // loop's bytes (Q8Row::quantize_plain), non-finite blocks, zero blocks and halfway values included.
+// 44 blocks: AVX-512 takes 16 at a time and the rest one by one; the special blocks are in
+// both 16s and in the rest.
 TEST(CpuQuant, VectorQuantizerIsThePlainLoopBitForBit) {
-  const int64_t K = 32 * 12;
+  const int64_t K = 32 * 44;
   auto x = randn(size_t(K), 21);
-  x[7] *= 300;                                                         // an outlier
-  for (int64_t k = 64; k < 96; ++k) x[size_t(k)] = 0;                  // a block of zeros
-  x[100] = NAN;                                                        // a NaN block
-  x[170] = -INFINITY;                                                  // an infinite one
-  for (int64_t k = 192; k < 224; ++k) x[size_t(k)] = float(k - 208) * 0.5f;  // v lands on .5 steps
-  for (int64_t k = 224; k < 256; ++k) x[size_t(k)] = 1e-20f * float(k % 7 - 3);  // tiny values
+  for (const int64_t at : {0, 16 * 32 + 3 * 32, 36 * 32}) {
+    float* p = x.data() + at;
+    p[7] *= 300;                                                         // an outlier
+    for (int64_t k = 64; k < 96; ++k) p[k] = 0;                          // a block of zeros
+    p[100] = NAN;                                                        // a NaN block
+    p[170] = -INFINITY;                                                  // an infinite one
+    for (int64_t k = 192; k < 224; ++k) p[k] = float(k - 208) * 0.5f;    // v lands on .5 steps
+    for (int64_t k = 224; k < 256; ++k) p[k] = 1e-20f * float(k % 7 - 3);  // tiny values
+  }
+  for (int64_t k = 12 * 32; k < 13 * 32; ++k) x[size_t(k)] = -0.0f;  // negative zeros
+  x[size_t(14 * 32 + 5)] = INFINITY;
+  x[size_t(14 * 32 + 6)] = NAN;
   cpu::Q8Row want;
   want.quantize_plain(x.data(), K);
   int runs = 0;
