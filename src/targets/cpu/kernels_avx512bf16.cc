@@ -1206,13 +1206,13 @@ constexpr int kAmxBf16Rows = 16;  // activation rows per B tile
 // tiles read rows in place, 32 values at a time).
 bool amx_bf16_gemv(int64_t K) { return use_amx() && K % 32 == 0; }
 
-// Activation row r (bf16, x) where the B tiles of its block of kAmxBf16Rows rows (R of them)
-// hold it: per 32-value chunk, 16 pair rows of R columns (4 bytes each). One row alone is its
+// Activation row r (bf16, x), chunks [q0, q1), where the B tiles of its block of kAmxBf16Rows
+// rows (R of them) hold it: per 32-value chunk, 16 pair rows of R columns (4 bytes each). One row alone is its
 // own B tiles (R = 1: the pairs in order), so only batches are laid out.
-TS_AMX void amx_bf16_terms(const uint16_t* x, int r, int R, int64_t K, uint32_t* block) {
+TS_AMX void amx_bf16_terms(const uint16_t* x, int r, int R, uint32_t* block, int64_t q0, int64_t q1) {
   const __m512i at = _mm512_mullo_epi32(
       _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(R));
-  for (int64_t q = 0; q < K / 32; ++q)
+  for (int64_t q = q0; q < q1; ++q)
     _mm512_i32scatter_epi32(block + q * 16 * R + r, at, _mm512_loadu_si512(x + q * 32), 4);
 }
 
@@ -1306,14 +1306,14 @@ TS_AMX void amx_bf16_gemv_range(const uint32_t* xt, int R, const uint16_t* w, in
   _tile_release();
 }
 
-// Row r's terms and scales where the AMX GEMV reads them: its block of kAmxGemvRows rows,
-// laid out as amx_gemv_block_bytes says.
-void amx_gemv_terms(const Q8Row& x, int64_t r, int64_t K, int8_t* terms) {
+// Row r's terms and scales of chunks [q0, q1) where the AMX GEMV reads them: its block of
+// kAmxGemvRows rows, laid out as amx_gemv_block_bytes says.
+void amx_gemv_terms(const Q8Row& x, int64_t r, int64_t K, int8_t* terms, int64_t q0, int64_t q1) {
   constexpr int R = kAmxGemvRows;
   int8_t* block = terms + r / R * amx_gemv_block_bytes(K);
-  int8_t* at = block + r % R * 32;
-  float* scales = reinterpret_cast<float*>(block + 2 * R * K) + r % R;
-  for (int64_t q = 0; q < K / 32; ++q, at += 2 * R * 32, scales += 2 * R) {
+  int8_t* at = block + r % R * 32 + q0 * 2 * R * 32;
+  float* scales = reinterpret_cast<float*>(block + 2 * R * K) + r % R + q0 * 2 * R;
+  for (int64_t q = q0; q < q1; ++q, at += 2 * R * 32, scales += 2 * R) {
     std::memcpy(at, x.hi.data() + q * 32, 32);
     std::memcpy(at + R * 32, x.lo.data() + q * 32, 32);
     scales[0] = x.d[size_t(q)];
@@ -1361,23 +1361,26 @@ void gemv_outs(const float* x, int64_t rows, const uint16_t* xb, int64_t Kp, std
   }
   uint32_t* bt = bt_buf.data();
   auto block_rows = [&](int64_t blk) { return int(std::min<int64_t>(kAmxBf16Rows, rows - blk * kAmxBf16Rows)); };
-  // x quantized (and laid out as A or B tiles) by every thread: serial, 8 rows of 2048 would
-  // cost 14 us, a sixth of an 8-row GEMV of a [2048 x 2048] Q4_0 matrix.
+  // x quantized (and laid out as A or B tiles) by every thread, each taking a range of K's
+  // 32-value chunks of every row: the rows of a tile block share cache lines (the A tiles'
+  // scales, the B tiles' pairs), which threads taking rows would write in turns.
   if (any_quantized || bf16_tiles) {
-    auto quantize = [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) {
-        if (any_quantized) xq_rows[r].quantize(x + r * K, K);
-        if (r < on_amx) amx_gemv_terms(xq_rows[r], r, K, terms_data);
+    if (any_quantized)
+      for (int64_t r = 0; r < rows; ++r) xq_rows[r].resize(K);
+    auto quantize = [&](int64_t q0, int64_t q1) {
+      for (int64_t r = 0; r < rows; ++r) {
+        if (any_quantized) xq_rows[r].quantize_blocks(x + r * K, q0, q1);
+        if (r < on_amx) amx_gemv_terms(xq_rows[r], r, K, terms_data, q0, q1);
         if (bf16_tiles) {
           const int64_t blk = r / kAmxBf16Rows;
-          amx_bf16_terms(xr[size_t(r)], int(r % kAmxBf16Rows), block_rows(blk), K, bt + blk * bt_block);
+          amx_bf16_terms(xr[size_t(r)], int(r % kAmxBf16Rows), block_rows(blk), bt + blk * bt_block, q0, q1);
         }
       }
     };
     if (rows > 1)
-      pool.parallel_for(rows, quantize);
+      pool.parallel_for(K / 32, quantize);
     else
-      quantize(0, rows);
+      quantize(0, K / 32);
   }
   // Every matrix's rows in blocks of 16, numbered across the matrices in order, handed
   // out dynamically in chunks that shrink to kGemvMinGrain blocks: a thread that the memory

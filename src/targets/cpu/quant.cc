@@ -182,9 +182,13 @@ void Q8Row::resize(int64_t cols) {
 
 void Q8Row::quantize(const float* x, int64_t cols) {
   resize(cols);
-  const int64_t blocks = cols / kQBlock;
-  detail::quantize_q8_hwy(x, blocks, d.data(), sum_hi.data(), sum_lo.data(), hi.data(), lo.data());
-  for (int64_t b = 0; b < blocks; ++b) dsum[size_t(b)] = d[size_t(b)] * block_sum(b);
+  quantize_blocks(x, 0, cols / kQBlock);
+}
+
+void Q8Row::quantize_blocks(const float* x, int64_t b0, int64_t b1) {
+  detail::quantize_q8_hwy(x + b0 * kQBlock, b1 - b0, d.data() + b0, sum_hi.data() + 2 * b0, sum_lo.data() + 2 * b0,
+                          hi.data() + b0 * kQBlock, lo.data() + b0 * kQBlock);
+  for (int64_t b = b0; b < b1; ++b) dsum[size_t(b)] = d[size_t(b)] * block_sum(b);
 }
 
 void Q8Row::quantize_plain(const float* x, int64_t cols) {

@@ -100,6 +100,9 @@ struct Q8Row {
   std::vector<int32_t> sum_hi, sum_lo;   // per 16 values: the sums of hi and of lo
   std::vector<int8_t> hi, lo;            // cols values each
   void quantize(const float* x, int64_t cols);        // vectorized (Highway), the plain loop's bytes
+  // Blocks [b0, b1) of row x alone, as quantize writes them, into a row resize()d before
+  // (threads may fill disjoint block ranges of one row).
+  void quantize_blocks(const float* x, int64_t b0, int64_t b1);
   void quantize_plain(const float* x, int64_t cols);  // the plain loop, which states the arithmetic
   void resize(int64_t cols);
   // Block b's sum of x as quantized, over d: sum(hi) + sum(lo) / 254.
