@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
+#include <set>
 #include <vector>
 
 #include <fmt/format.h>
@@ -71,6 +73,62 @@ TEST(Sampler, SeedReproducesAndSamplingVaries) {
   EXPECT_EQ(std::count(a.begin(), a.end(), 2) + std::count(a.begin(), a.end(), 1) + std::count(a.begin(), a.end(), 3) +
                 std::count(a.begin(), a.end(), 0) + std::count(a.begin(), a.end(), 4),
             200);
+}
+
+// Sampling draws from the softmax at the temperature over the candidates, as computed here
+// independently (a full sort in double): 1000 tokens, so top-p's prefix needs more of the most
+// likely than the first 64 the sampler sorts. Every draw is a candidate and the draws' mean id
+// is the distribution's (within 5 standard errors).
+TEST(Sampler, DrawsTheSoftmaxOfTheCandidates) {
+  const int V = 1000;
+  std::vector<float> logits(V);
+  for (int i = 0; i < V; ++i) logits[size_t(i)] = float((i * 37) % V) * 0.004f;  // distinct, shuffled
+  struct Case {
+    float temperature;
+    int top_k;
+    float top_p;
+  };
+  for (const Case c : {Case{1.0f, 0, 1.0f}, Case{0.5f, 0, 0.9f}, Case{1.0f, 0, 0.5f}, Case{2.0f, 300, 0.95f},
+                       Case{1.0f, 20, 1.0f}}) {
+    SCOPED_TRACE(fmt::format("T {} top_k {} top_p {}", c.temperature, c.top_k, c.top_p));
+    std::vector<int> ids(V);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::sort(ids.begin(), ids.end(), [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)]; });
+    const size_t k = c.top_k > 0 ? size_t(c.top_k) : size_t(V);
+    std::vector<double> p(k);
+    double sum = 0;
+    for (size_t i = 0; i < k; ++i)
+      sum += p[i] = std::exp((double(logits[size_t(ids[i])]) - double(logits[size_t(ids[0])])) / c.temperature);
+    size_t keep = k;
+    double acc = 0;
+    for (size_t i = 0; i < k && c.top_p < 1.0f; ++i)
+      if ((acc += p[i] / sum) >= c.top_p) {
+        keep = i + 1;
+        break;
+      }
+    double kept = 0, mean = 0, sq = 0;
+    for (size_t i = 0; i < keep; ++i) kept += p[i];
+    for (size_t i = 0; i < keep; ++i) {
+      mean += p[i] / kept * ids[i];
+      sq += p[i] / kept * ids[i] * double(ids[i]);
+    }
+    const double sd = std::sqrt(sq - mean * mean);
+    const std::set<int> candidates(ids.begin(), ids.begin() + long(keep));
+    SamplingOptions o;
+    o.temperature = c.temperature;
+    o.top_k = c.top_k;
+    o.top_p = c.top_p;
+    o.seed = 5;
+    Sampler s(o);
+    const int n = 20000;
+    double got = 0;
+    for (int d = 0; d < n; ++d) {
+      const int32_t t = s.sample(logits);
+      ASSERT_TRUE(candidates.count(t)) << "token " << t << " is not among the " << keep << " candidates";
+      got += t;
+    }
+    EXPECT_NEAR(got / n, mean, 5 * sd / std::sqrt(double(n)));
+  }
 }
 
 TEST(Sampler, TopKExcludesTheRest) {

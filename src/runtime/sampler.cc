@@ -105,33 +105,80 @@ int32_t argmax(std::span<const float> logits) {
   return first_largest();
 }
 
+namespace {
+// An index drawn with probability w[i] / (w[0] + ... + w[n - 1]).
+size_t draw(std::span<const double> w, std::mt19937_64& rng) {
+  double total = 0;
+  for (const double x : w) total += x;
+  const double u = std::uniform_real_distribution<double>(0.0, total)(rng);
+  double acc = 0;
+  size_t last = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (w[i] <= 0) continue;
+    acc += w[i];
+    last = i;
+    if (u < acc) return i;
+  }
+  return last;  // u within rounding of the total
+}
+}  // namespace
+
 int32_t Sampler::sample(std::span<const float> logits) {
   if (options_.temperature == 0.0f) return argmax(logits);
-  // Candidates sorted by logit, cut by top-k, then softmax at the temperature, cut by top-p.
-  std::vector<int32_t> idx(logits.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  size_t k = idx.size();
-  if (options_.top_k > 0) k = std::min(k, size_t(options_.top_k));
-  std::partial_sort(idx.begin(), idx.begin() + long(k), idx.end(),
-                    [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)]; });
-  idx.resize(k);
-  std::vector<double> p(k);
-  const double top = logits[size_t(idx[0])];
-  double sum = 0;
-  for (size_t i = 0; i < k; ++i) sum += p[i] = std::exp((logits[size_t(idx[i])] - top) / options_.temperature);
-  size_t keep = k;
-  if (options_.top_p < 1.0f) {
-    double acc = 0;
-    for (size_t i = 0; i < k; ++i) {
-      acc += p[i] / sum;
-      if (acc >= options_.top_p) {
-        keep = i + 1;
-        break;
+  // Softmax at the temperature over the candidates: the top-k by logit (all without top-k),
+  // then, with top-p, the most likely of them up to a cumulative probability of top_p. A full
+  // sort of a 128K vocabulary cost 16 ms a token, so without top-k nothing is sorted unless
+  // top-p asks, and then only as many of the most likely as its prefix needs.
+  const size_t V = logits.size();
+  const double top = logits[size_t(argmax(logits))];
+  auto weight = [&](int32_t i) { return std::exp((double(logits[size_t(i)]) - top) / options_.temperature); };
+  auto by_logit = [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)]; };
+  const size_t k = options_.top_k > 0 ? std::min(V, size_t(options_.top_k)) : V;
+  if (k == V && options_.top_p >= 1.0f) {
+    weights_.resize(V);
+    for (size_t i = 0; i < V; ++i) weights_[i] = weight(int32_t(i));
+    return int32_t(draw(weights_, rng_));
+  }
+  order_.resize(V);
+  std::iota(order_.begin(), order_.end(), 0);
+  double sum = 0;  // over the candidates: the top k, or every token
+  const bool top_k_sorted = k < V;
+  size_t sorted = k;
+  if (top_k_sorted) {
+    std::partial_sort(order_.begin(), order_.begin() + long(k), order_.end(), by_logit);
+    for (size_t i = 0; i < k; ++i) sum += weight(order_[i]);
+  } else {
+    for (size_t i = 0; i < V; ++i) sum += weight(int32_t(i));
+    sorted = std::min<size_t>(V, 64);
+  }
+  // The kept prefix: all k, or the shortest whose probability reaches top_p (sorting more of
+  // the most likely while it has not).
+  size_t keep = sorted;
+  for (;;) {
+    if (!top_k_sorted) {
+      if (sorted < V) std::nth_element(order_.begin(), order_.begin() + long(sorted), order_.end(), by_logit);
+      std::sort(order_.begin(), order_.begin() + long(sorted), by_logit);
+    }
+    weights_.resize(sorted);
+    for (size_t i = 0; i < sorted; ++i) weights_[i] = weight(order_[i]);
+    keep = sorted;
+    if (options_.top_p < 1.0f) {
+      double acc = 0;
+      for (size_t i = 0; i < sorted; ++i) {
+        acc += weights_[i] / sum;
+        if (acc >= options_.top_p) {
+          keep = i + 1;
+          break;
+        }
+      }
+      if (keep == sorted && sorted < k && acc < options_.top_p) {
+        sorted = std::min(k, 4 * sorted);
+        continue;
       }
     }
+    break;
   }
-  std::discrete_distribution<size_t> pick(p.begin(), p.begin() + long(keep));
-  return idx[pick(rng_)];
+  return order_[draw(std::span<const double>(weights_.data(), keep), rng_)];
 }
 
 }  // namespace tessera

@@ -39,6 +39,8 @@ class Sampler {
  private:
   SamplingOptions options_;
   std::mt19937_64 rng_;
+  std::vector<double> weights_;  // scratch: the candidates' softmax numerators
+  std::vector<int32_t> order_;   // scratch: token ids, the most likely first as far as sorted
 };
 
 // Index of the largest logit (the lowest index among ties, as torch.argmax).
