@@ -141,44 +141,39 @@ int32_t Sampler::sample(std::span<const float> logits) {
   }
   order_.resize(V);
   std::iota(order_.begin(), order_.end(), 0);
-  double sum = 0;  // over the candidates: the top k, or every token
-  const bool top_k_sorted = k < V;
+  double sum = 0;  // over the candidates: every token, or (below) the top k
   size_t sorted = k;
-  if (top_k_sorted) {
+  if (k < V) {
     std::partial_sort(order_.begin(), order_.begin() + long(k), order_.end(), by_logit);
-    for (size_t i = 0; i < k; ++i) sum += weight(order_[i]);
   } else {
     for (size_t i = 0; i < V; ++i) sum += weight(int32_t(i));
     sorted = std::min<size_t>(V, 64);
   }
   // The kept prefix: all k, or the shortest whose probability reaches top_p (sorting more of
   // the most likely while it has not).
-  size_t keep = sorted;
   for (;;) {
-    if (!top_k_sorted) {
+    if (k == V) {
       if (sorted < V) std::nth_element(order_.begin(), order_.begin() + long(sorted), order_.end(), by_logit);
       std::sort(order_.begin(), order_.begin() + long(sorted), by_logit);
     }
     weights_.resize(sorted);
     for (size_t i = 0; i < sorted; ++i) weights_[i] = weight(order_[i]);
-    keep = sorted;
-    if (options_.top_p < 1.0f) {
-      double acc = 0;
-      for (size_t i = 0; i < sorted; ++i) {
-        acc += weights_[i] / sum;
-        if (acc >= options_.top_p) {
-          keep = i + 1;
-          break;
-        }
-      }
-      if (keep == sorted && sorted < k && acc < options_.top_p) {
-        sorted = std::min(k, 4 * sorted);
-        continue;
+    if (k < V) sum = std::accumulate(weights_.begin(), weights_.end(), 0.0);
+    size_t keep = sorted;
+    double acc = 0;
+    for (size_t i = 0; i < sorted && options_.top_p < 1.0f; ++i) {
+      acc += weights_[i] / sum;
+      if (acc >= options_.top_p) {
+        keep = i + 1;
+        break;
       }
     }
-    break;
+    if (options_.top_p < 1.0f && acc < options_.top_p && sorted < k) {
+      sorted = std::min(k, 4 * sorted);
+      continue;
+    }
+    return order_[draw(std::span<const double>(weights_.data(), keep), rng_)];
   }
-  return order_[draw(std::span<const double>(weights_.data(), keep), rng_)];
 }
 
 }  // namespace tessera

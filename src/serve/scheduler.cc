@@ -159,7 +159,6 @@ void Scheduler::admit(std::unique_lock<std::mutex>&) {
     s.prefilled = keep;
     s.reused = int64_t(keep);
     s.logits = {};
-    s.borrowed = false;
     s.sampler.emplace(job->params.sampling);
     s.generated.clear();
     s.stop_ids = job->params.ignore_eos ? std::vector<int32_t>{} : eos_;
@@ -184,7 +183,6 @@ void Scheduler::prefill_step(Slot& s) {
   const std::span<const int32_t> chunk(p.data() + s.prefilled, n);
   s.own_logits = sequence(s).forward(chunk, /*all_logits=*/false);
   s.logits = s.own_logits;
-  s.borrowed = false;
   s.cached.insert(s.cached.end(), chunk.begin(), chunk.end());
   // Rows of a call with T >= kMinPrefillRows are what any later prefill would compute.
   if (n >= kMinPrefillRows && s.reusable == s.cached.size() - n) s.reusable = s.cached.size();
@@ -211,8 +209,7 @@ void Scheduler::decode_step(std::span<Slot*> slots) {
   // slow client's, skipped this step) keeps its row in a copy of its own; a slot in it has
   // sampled from its row already.
   for (Slot& s : slots_) {
-    if (!s.borrowed) continue;
-    s.borrowed = false;
+    if (!s.borrowed()) continue;
     if (s.job && std::find(going.begin(), going.end(), &s) == going.end()) {
       s.own_logits.assign(s.logits.begin(), s.logits.end());
       s.logits = s.own_logits;
@@ -231,7 +228,6 @@ void Scheduler::decode_step(std::span<Slot*> slots) {
   for (size_t i = 0; i < going.size(); ++i) {
     Slot& s = *going[i];
     s.logits = std::span<const float>(logits).subspan(i * V, V);
-    s.borrowed = true;
     s.cached.push_back(ids[i]);
   }
 }

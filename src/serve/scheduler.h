@@ -125,7 +125,7 @@ class Scheduler {
     // prefill, or when a step passes the slot by while step_logits_ is overwritten.
     std::span<const float> logits;
     std::vector<float> own_logits;
-    bool borrowed = false;  // logits is a row of step_logits_
+    bool borrowed() const { return !logits.empty() && logits.data() != own_logits.data(); }  // a row of step_logits_
     std::optional<Sampler> sampler;
     std::vector<int32_t> generated;
     std::vector<int32_t> stop_ids;   // sorted

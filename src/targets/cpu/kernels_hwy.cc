@@ -133,10 +133,8 @@ void QuantizeQ8Avx512(const float* x, int64_t blocks, float* d, int32_t* sum_hi,
       const int64_t b = b0 + i;
       int8_t* hb = hi + 32 * b;
       int8_t* lb = lo + 32 * b;
-      if (!((finite >> i) & 1)) {  // NaN scale, zero terms and sums (as the plain loop)
-        std::memset(hb, 0, 32);
-        std::memset(lb, 0, 32);
-        sum_hi[2 * b] = sum_hi[2 * b + 1] = sum_lo[2 * b] = sum_lo[2 * b + 1] = 0;
+      if (!((finite >> i) & 1)) {  // a non-finite block: the portable form's treatment
+        QuantizeQ8Blocks(xb + 32 * i, 1, d + b, sum_hi + 2 * b, sum_lo + 2 * b, hb, lb);
         continue;
       }
       const __m512 id = _mm512_set1_ps(ids[i]);
