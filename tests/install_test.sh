@@ -40,7 +40,7 @@ TESSERA="$PREFIX/bin/tessera"
 [[ -f "$PREFIX/share/tessera/devices/xdna2.json" ]] || die "no device profiles in $PREFIX/share/tessera/devices"
 [[ -f "$PREFIX/share/tessera/skills/deploy-model/SKILL.md" ]] || die "no skills in $PREFIX/share/tessera/skills"
 [[ -f "$PREFIX/share/tessera/tokenizers/qwen3/tokenizer.json" ]] ||
-  skip "the install has no tokenizer files (../shared/data/tokenizers was missing when cmake configured)"
+  skip "the install has no tokenizer files (scripts/setup.sh fetches data/tokenizers/*/tokenizer.json)"
 [[ ! -e "$PREFIX/bin/tessera-data-dirs.txt" ]] || die "the build tree's tessera-data-dirs.txt was installed"
 say "installed: $(cd "$PREFIX" && find . -maxdepth 3 | sort | tr '\n' ' ')"
 

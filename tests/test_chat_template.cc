@@ -29,7 +29,7 @@ std::optional<std::string> shipped_template(const std::string& family) {
     if (!fs::exists(kSmolLM2Gguf)) return std::nullopt;
     return GgufFile::open(kSmolLM2Gguf.string()).get("tokenizer.chat_template").as_string();
   }
-  const fs::path config = fs::path(TESSERA_SHARED_DIR) / "data/tokenizers" / family / "tokenizer_config.json";
+  const fs::path config = fs::path(TESSERA_TOKENIZERS_DIR) / family / "tokenizer_config.json";
   if (!fs::exists(config)) return std::nullopt;
   json j;
   std::ifstream(config) >> j;

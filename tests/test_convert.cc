@@ -24,7 +24,7 @@ using testing_support::run_tessera;
 using testing_support::ScratchDir;
 namespace fs = std::filesystem;
 
-std::string tokenizers_dir() { return testing_support::shared_dir() + "/data/tokenizers"; }
+using testing_support::tokenizers_dir;
 
 // A tiny synth checkpoint of `preset` in dir/hf.
 std::string synth_tiny(const ScratchDir& dir, const std::string& preset) {

@@ -143,7 +143,7 @@ TEST(DataPaths, SynthFindsTokenizersInADataDirAndNamesEveryPlaceWhenMissing) {
   }
 
   // A data directory holding tokenizers/qwen3/ (copied from the shared data) is found.
-  const fs::path shared = fs::path(TESSERA_SHARED_DIR) / "data" / "tokenizers" / "qwen3";
+  const fs::path shared = fs::path(TESSERA_TOKENIZERS_DIR) / "qwen3";
   if (!fs::exists(shared)) GTEST_SKIP() << shared << " is missing";
   fs::create_directories(tmp.path() / "data" / "tokenizers");
   fs::copy(shared, tmp.path() / "data" / "tokenizers" / "qwen3", fs::copy_options::recursive);

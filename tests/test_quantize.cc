@@ -239,7 +239,7 @@ TEST(Quantize, CliQuantizesTinyModel) {
   o.out_dir = dir.str("hf");
   o.tiny = true;
   o.seed = 3;
-  o.tokenizers_dir = testing_support::shared_dir() + "/data/tokenizers";
+  o.tokenizers_dir = testing_support::tokenizers_dir();
   synth(o);
   const Model src = Model::open(o.out_dir);
   for (const char* scheme : {"q8_0", "q4_k_m"}) {

@@ -194,7 +194,8 @@ inline void expect_audit_passes(const std::string& dir) {
   EXPECT_EQ(audit.verdict(), "PASS") << audit.to_json().dump(1);
 }
 
-inline std::string shared_dir() { return TESSERA_SHARED_DIR; }
+// The tokenizer files scripts/setup.sh fetched (data/tokenizers/llama3, qwen3).
+inline std::string tokenizers_dir() { return TESSERA_TOKENIZERS_DIR; }
 inline std::string default_gguf() { return std::string(TESSERA_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf"; }
 
 }  // namespace tessera::testing_support

@@ -33,7 +33,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const std::string kTokenizers = std::string(TESSERA_SHARED_DIR) + "/data/tokenizers";
+const std::string kTokenizers = std::string(TESSERA_TOKENIZERS_DIR);
 
 // Scratch directories and the CLI runner come from the shared test support.
 using TempDir = testing_support::ScratchDir;

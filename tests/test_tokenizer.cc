@@ -34,7 +34,7 @@ using testing_support::ScratchDir;
 using testing_support::slurp;
 using testing_support::write_file;
 
-std::string tokenizers_dir() { return testing_support::shared_dir() + "/data/tokenizers"; }
+using testing_support::tokenizers_dir;
 std::string fixture_dir() { return std::string(TESSERA_SOURCE_DIR) + "/tests/fixtures/tokenizer"; }
 
 // Loading Llama 3's 9 MB tokenizer.json takes a moment (much longer under sanitizers): each
