@@ -91,7 +91,7 @@ void for_each_isa(F&& body) {
     ASSERT_EQ(cpu::isa(), name);
     body(name);
   }
-  cpu::set_isa("auto");
+  cpu::set_isa(cpu::isa_from_environment());
 }
 
 TEST(CpuKernels, IsaSelection) {
@@ -109,6 +109,7 @@ TEST(CpuKernels, IsaSelection) {
   EXPECT_THROW(cpu::set_isa("quantum"), std::exception);
   cpu::set_isa("auto");
   EXPECT_EQ(cpu::isa(), isas.front());
+  cpu::set_isa(cpu::isa_from_environment());
 }
 
 TEST(CpuKernels, MatmulMatchesOracle) {
@@ -189,7 +190,7 @@ TEST(CpuKernels, AmxAgreesWithAvx512Bf16) {
     cpu::matmul(x.data(), s.T, Bf16Matrix{wdata.data(), s.N, s.K}, bias.data(), amx.data(), pool);
     cpu::set_isa("avx512bf16");
     cpu::matmul(x.data(), s.T, Bf16Matrix{wdata.data(), s.N, s.K}, bias.data(), bf16.data(), pool);
-    cpu::set_isa("auto");
+    cpu::set_isa(cpu::isa_from_environment());
     const Stats st = compare(amx.data(), bf16.data(), amx.size());
     EXPECT_LE(st.nmse, 1e-11);
     double worst = 0;

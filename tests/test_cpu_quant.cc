@@ -83,7 +83,7 @@ void for_each_isa(F&& body) {
     cpu::set_isa(name);
     body();
   }
-  cpu::set_isa("auto");
+  cpu::set_isa(cpu::isa_from_environment());
 }
 
 // n bf16 values of randn(n, seed) * 0.05: a bf16 weight matrix beside the quantized ones.
@@ -446,7 +446,7 @@ TEST(CpuQuant, QuantizedModelsRunInTheirBlocks) {
   o.out_dir = dir.str("hf");
   o.tiny = true;
   o.seed = 5;
-  o.tokenizers_dir = testing_support::shared_dir() + "/data/tokenizers";
+  o.tokenizers_dir = testing_support::tokenizers_dir();
   synth(o);
   const Model src = Model::open(o.out_dir);
 #if defined(TESSERA_SANITIZED_THREAD)

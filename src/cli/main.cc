@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_report_command(app);
   try {
     // The cpu kernels' instruction set, for comparisons (amx, avx512bf16, AVX2, scalar, ...).
-    if (const char* isa = std::getenv("TESSERA_ISA"); isa && *isa) tessera::cpu::set_isa(isa);
+    tessera::cpu::set_isa(tessera::cpu::isa_from_environment());
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

@@ -73,7 +73,7 @@ std::vector<PlanRewrite> propose_tile_tune(const nlohmann::json& plan, Pass pass
     why_not = "decode runs GEMVs, one weight row at a time: no cache blocking to search";
     return {};
   }
-  if (cpu::isa() != "avx512bf16" && cpu::isa() != "amx") {
+  if (!cpu::gemm_has_cache_blocking()) {
     why_not = fmt::format("the {} GEMM has no cache blocking to tune (the AVX-512 BF16 and AMX paths have)", cpu::isa());
     return {};
   }
@@ -113,6 +113,7 @@ std::vector<PlanRewrite> propose_merge(const nlohmann::json& plan, Pass pass, st
 TargetDef cpu_target_def() {
   TargetDef d;
   d.name = "cpu";
+  d.serves = true;
   d.check_options = [](const TargetOptions& t) {
     if (!t.plan_name.empty()) check_cpu_plan(t.plan_name);
     if (!t.device.empty()) fail("target cpu has no devices to choose (asked for '{}')", t.device);
@@ -204,10 +205,12 @@ std::string CpuRunner::isa() const { return cpu::isa(); }
 
 oracle::Numerics CpuRunner::numerics(Stage s, int64_t T, int64_t layer) const {
   oracle::Numerics n;
-  n.name = "cpu";
-  // matmul rounds the activations to bf16 once per call; the weights are bf16 (mapped or
-  // converted once at load); everything else runs in fp32; the KV cache stores fp16.
-  n.weights = n.matmul_inputs = oracle::Precision::BF16;
+  n.name = "cpu " + cpu::isa();  // each path declares what it computes
+  // The weights are bf16 (mapped or converted once at load); the AVX-512 BF16 and AMX paths
+  // round the activations to bf16 once per call, the portable path multiplies them in fp32;
+  // everything else runs in fp32; the KV cache stores fp16.
+  n.weights = oracle::Precision::BF16;
+  n.matmul_inputs = cpu::matmul_rounds_activations_to_bf16() ? oracle::Precision::BF16 : oracle::Precision::F32;
   n.kv_cache = oracle::Precision::F16;
   // Quantized weights: the blocks are multiplied exactly by x quantized per 32-value block
   // to two int8 terms (cpu/quant.h), at every T (prefill computes each row as the decode GEMV

@@ -63,6 +63,14 @@ std::vector<std::string> available_isas() {
   return out;
 }
 
+bool matmul_rounds_activations_to_bf16() { return use_avx512bf16(); }
+bool gemm_has_cache_blocking() { return use_avx512bf16(); }
+
+std::string isa_from_environment() {
+  const char* env = std::getenv("TESSERA_ISA");
+  return env && *env ? std::string(env) : std::string("auto");
+}
+
 void set_isa(const std::string& name) {
   const std::vector<int64_t> targets = hwy_targets_best_first();
   if (name == "auto") {

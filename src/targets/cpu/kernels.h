@@ -25,8 +25,19 @@ std::string isa();
 void set_isa(const std::string& name);
 // Every name set_isa accepts on this CPU besides "auto": "amx" and "avx512bf16" where the CPU
 // has them, then Highway's targets compiled in and supported, best first ("AVX3", "AVX2",
-// "SSE4", "EMU128"); "hwy" and "scalar" are aliases for the first and last Highway target.
+// "SSE4", "SCALAR"); "hwy" and "scalar" are aliases for the first and last Highway target.
 std::vector<std::string> available_isas();
+// The path the TESSERA_ISA environment variable names, "auto" when it is unset or empty: the
+// CLI and the test binary apply it at start (set_isa), so every kernel, deploy and test runs
+// on a forced path the same way; tests that force a path of their own restore this one.
+std::string isa_from_environment();
+// What the bf16-weight matmul does with its activations on the current path (the path's
+// declared numerics, CpuRunner::numerics): rounded to bf16 for the AVX-512 BF16 dot products
+// and the AMX tiles; kept in fp32 on the portable (Highway) path, which widens the weights.
+bool matmul_rounds_activations_to_bf16();
+// Whether the current path's GEMM has cache blocking a plan can tune (GemmBlocking: the
+// AVX-512 BF16 and AMX paths; the portable one has none).
+bool gemm_has_cache_blocking();
 
 // A persistent pool: workers spin briefly then sleep, so a decode step's hundreds of small
 // parallel regions do not pay a thread start each.
