@@ -81,10 +81,31 @@ TEST(Audit, UntouchedDeploymentPassesAndWritesItsReport) {
   const fs::path dir = copy_of(deployed("cpu"), out);
   const AuditResult r = audit(dir);
   EXPECT_EQ(r.verdict(), "PASS") << r.to_json().dump(1);
-  for (const char* check : {"complete", "hashes", "thresholds", "phase3", "phase6", "op-counters", "adversarial",
+  for (const char* check : {"provenance", "complete", "hashes", "thresholds", "phase3", "phase6", "op-counters", "adversarial",
                             "determinism", "figures"})
     EXPECT_NE(finding(r, check), nullptr) << check;
   EXPECT_NE(slurp(dir / "evaluation_report.md").find("**Verdict: PASS**"), std::string::npos);
+}
+
+TEST(Audit, DeploymentMadeWithAPerturbationIsNotPassed) {
+  SKIP_UNDER_SANITIZERS();
+  // A perturbation far below what any gate sees: every phase passes, yet the deployment is
+  // a test of the gates, and the audit, issues.md and the report page say so.
+  ScratchDir out("audit_perturbed");
+  DeployOptions o = deploy_options(tiny_model(kPreset), out.str("dep"));
+  o.perturbations = {"down_proj:gain:0.000001"};
+  const DeployResult d = deploy(o);
+  ASSERT_TRUE(d.pass) << d.diagnosis;
+  const AuditResult r = audit(out.path() / "dep");
+  expect_fails_on(r, "provenance");
+  EXPECT_NE(finding(r, "provenance")->detail.find("down_proj:gain:"), std::string::npos) << finding(r, "provenance")->detail;
+  EXPECT_NE(slurp(out.path() / "dep" / "issues.md").find("--perturb"), std::string::npos);
+  const CliResult report = run_tessera("report " + (out.path() / "dep").string());
+  EXPECT_EQ(report.exit_code, 0) << report.err;
+  EXPECT_NE(slurp(out.path() / "dep" / "report.html").find("This deployment was made with perturbation"), std::string::npos);
+  // An untouched deployment's provenance passes.
+  ScratchDir clean("audit_provenance_clean");
+  EXPECT_EQ(finding(audit(copy_of(deployed("cpu"), clean)), "provenance")->verdict, "pass");
 }
 
 TEST(Audit, ReportFigureEditedUpwardFails) {

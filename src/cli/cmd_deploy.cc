@@ -106,10 +106,16 @@ int run_deploy(const DeployArgs& a) {
                  o.target, f["prefill_tokens_per_s"].get<double>(), f["decode_tokens_per_s"].get<double>());
     }
   }
+  const std::string altered = altered_on_purpose(dep.identity());
+  if (r.pass && !altered.empty()) {
+    fmt::print("\nevery gate passed, but the deployment is NOT ready: it was {}\n", altered);
+    return 0;
+  }
   if (r.pass) {
     fmt::print("\ndeployment ready: {} (run it with `tessera run {} --prompt ...`)\n", o.out_dir, o.out_dir);
     return 0;
   }
+  if (!altered.empty()) fmt::print("\n(this deployment was {})", altered);
   fmt::print("\nphase {} ({}) FAILED. Diagnosis:\n{}\n(also in {}/issues.md)\n", r.failed_phase,
              phase_def(r.failed_phase).name, r.diagnosis, o.out_dir);
   return 3;

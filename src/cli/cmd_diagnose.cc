@@ -23,6 +23,8 @@ struct DiagnoseArgs {
 int run_diagnose(const DiagnoseArgs& a) {
   namespace fs = std::filesystem;
   Deployment dep = Deployment::open_existing(a.dir);
+  if (const std::string altered = altered_on_purpose(dep.identity()); !altered.empty() && !a.json)
+    fmt::print("note: this deployment was {}.\n", altered);
   Failure f;
   for (const PhaseDef& p : phase_defs())
     if (dep.phase_status(p.id) == "failed") {

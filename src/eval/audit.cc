@@ -398,6 +398,16 @@ AuditResult audit_deployment(const AuditOptions& opts) {
                                "tools/reference/make_reference.py and pass it to deploy --reference)");
   else if (dep.phase_status(0) == "passed")
     a.add("reference", "pass", "phase 0 compared the oracle with a transformers reference made for this checkpoint");
+  // A deployment made with injected faults or perturbations is a test of the gates, however
+  // well it passed them; the evaluator's own perturbations (--perturb here) are a demonstration.
+  if (const std::string altered = altered_on_purpose(dep.identity()); !altered.empty())
+    a.add("provenance", "fail", "the deployment was " + altered);
+  else
+    a.add("provenance", "pass", "made from the model as it is: no injected fault, no perturbation");
+  if (!opts.perturbations.empty())
+    a.add("demonstration", "warn",
+          fmt::format("the gates re-ran with the evaluator's perturbation(s) {} added: the findings below are "
+                      "about that, not the deployment as made", fmt::join(opts.perturbations, ", ")));
   const bool have_plan = fs::exists(dep.file("plan.json"));
   const nlohmann::json plan = have_plan ? read_json_file(dep.file("plan.json")) : nlohmann::json::object();
   if (!plan.value("frozen", false)) missing.push_back("plan not frozen");

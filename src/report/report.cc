@@ -172,6 +172,8 @@ std::string header(const json& state, const std::optional<json>& plan, const std
   const std::string model = str(id, "model_path", "?");
   const std::string target = str(id, "target", "?");
   h += fmt::format("<h1>{} on {}</h1>\n", e(fs::path(model).filename().string()), e(target));
+  if (const std::string altered = altered_on_purpose(id); !altered.empty())
+    h += fmt::format("<p class=\"bad\"><strong>This deployment was {}.</strong></p>\n", e(altered));
   h += "<table class=\"kv\">\n";
   h += fmt::format("<tr><th>model</th><td><code>{}</code></td></tr>\n", e(model));
   h += fmt::format("<tr><th>target</th><td>{}</td></tr>\n", e(target));
@@ -182,6 +184,8 @@ std::string header(const json& state, const std::optional<json>& plan, const std
     h += "<tr><th>plan</th><td>no plan.json (phase 1 did not finish)</td></tr>\n";
   if (id.contains("faults") && !id["faults"].empty())
     h += fmt::format("<tr><th>injected faults</th><td class=\"bad\">{}</td></tr>\n", e(id["faults"].dump()));
+  if (id.contains("perturbations") && !id["perturbations"].empty())
+    h += fmt::format("<tr><th>perturbations</th><td class=\"bad\">{}</td></tr>\n", e(id["perturbations"].dump()));
   std::string ref = "unverified (no independent reference)";
   if (report && report->contains("reference")) {
     const json& r = (*report)["reference"];
