@@ -120,7 +120,7 @@ TEST_P(DeployFault, CaughtByItsPhaseAndNamedByBisect) {
   EXPECT_EQ(r.failed_phase, info.first_phase) << c.fault << ": " << r.diagnosis;
   const Deployment dep = Deployment::open_existing(out.str("dep"));
   for (int id = 0; id < info.first_phase; ++id)
-    if (phase_def(id).implemented) {
+    if (phase_def(id).implemented()) {
       EXPECT_EQ(dep.phase_status(id), "passed") << "phase " << id;
     }
   EXPECT_TRUE(fs::exists(out.path() / "dep" / "issues.md"));
@@ -277,6 +277,42 @@ TEST(Targets, RegistryMakesCpuAndRefusesWhatNoTargetHas) {
 
 // Deploy options name a plan and a device only when asked: the identity (state.json) of a
 // default deployment is what it always was, and a deployment refuses another device.
+// Phases and targets are registry entries: a toy phase and a toy target, registered here,
+// run in a deploy with no change to the deploy loop.
+PhaseOutcome run_toy_phase(PhaseContext& ctx) {
+  PhaseOutcome o;
+  gates::GateResult g;
+  g.gate = "phase8.toy";
+  g.subject = "the toy phase saw the target " + ctx.target().target();
+  g.require_fixed("phases_before_passed", double(phase_done(ctx.dep.phase_status(6))), "==", 1);
+  o.gates.push_back(g);
+  o.pass = g.pass();
+  o.summary = "toy phase ran after phase 6";
+  return o;
+}
+void record_toy_phase(Deployment& dep, PhaseContext&, const PhaseOutcome& o) {
+  write_file_atomic(dep.file("toy.txt"), o.summary + "\n");
+}
+
+TEST(Registries, AToyPhaseAndAToyTargetRunInADeploy) {
+  register_phase({8, "toy", "a phase a test registers", run_toy_phase, record_toy_phase});
+  EXPECT_THROW(register_phase({8, "again", "the same id"}), Error);
+  TargetDef toy = target_def("cpu");
+  toy.name = "toy";  // the cpu's runner under another name: what the loop knows of a target is its entry
+  register_target(toy);
+  EXPECT_THROW(register_target(toy), Error);
+  ScratchDir out("registries");
+  DeployOptions o = deploy_options(tiny_model("SmolLM2-360M"), out.str("dep"));
+  o.target = "toy";
+  const DeployResult r = deploy(o);
+  ASSERT_TRUE(r.pass) << r.diagnosis;
+  const Deployment dep = Deployment::open_existing(out.str("dep"));
+  EXPECT_EQ(dep.identity()["target"], "toy");
+  EXPECT_EQ(dep.phase_status(8), "passed");
+  EXPECT_EQ(slurp(out.path() / "dep" / "toy.txt"), "toy phase ran after phase 6\n");
+  EXPECT_NE(slurp(out.path() / "dep" / "gates.md").find("the toy phase saw the target cpu"), std::string::npos);
+}
+
 TEST(Targets, DeploymentIdentityCarriesPlanAndDeviceOnlyWhenChosen) {
   const Model model = Model::open(tiny_model("SmolLM2-360M"));
   DeployOptions o = deploy_options(model.path(), "unused");

@@ -403,6 +403,8 @@ TEST(GatesThresholds, TableHoldsExactlyTheAgreedKeys) {
       {"phase2.row_cosine_min.hd256", 0.97}, {"phase3.layer_cosine_min", 0.95},
       {"phase3.cliff_max", 0.05},            {"phase3.logits_cosine_min", 0.99},
       {"phase3.decisive_prob", 0.5},         {"phase3.topk", 5},
+      {"phase3.sublayer_margin", 3},         {"phase3.sublayer_error_floor", 0.01},
+      {"phase3.sublayer_error_max", 0.04},   {"phase6.tie_margin", 3},
       {"phase6.tokens", 32},                 {"phase6.prompts_min", 2},
       {"phase6.topk", 5},                    {"diagnose.match_nmse_max", 1e-4},
       {"diagnose.separation_min", 10},       {"diagnose.dispatch_gain_min", 1.25},

@@ -12,10 +12,7 @@
 #include "cli/commands.h"
 #include "pipeline/executor.h"
 #include "runtime/bandwidth.h"
-#include "targets/cpu/cpu_runner.h"
 #include "targets/cpu/kernels.h"
-#include "targets/npusim/npusim_runner.h"
-#include "targets/npusim/predict.h"
 #include "targets/registry.h"
 #include "util/error.h"
 #include "util/stats.h"
@@ -48,44 +45,49 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// npusim: the NPU's speed is the timing model's prediction (nothing runs on an NPU here);
-// the simulator's own wall time per decode step is measured as its speed on this host.
-void bench_npusim(const BenchArgs& a, NpuSimRunner& npu, nlohmann::json& out,
-                  const std::vector<int>& lens, const std::vector<int32_t>& ids) {
-  const ModelSpec& s = npu.spec();
+// A target whose figures are predicted (a modelled NPU): its timing model's prefill and decode
+// figures, then the simulator's own wall time per functional decode step.
+void bench_predicted(const BenchArgs& a, StagedRunner& runner, nlohmann::json& out, const std::vector<int>& lens,
+                     const std::vector<int32_t>& ids) {
+  const ModelSpec& s = runner.spec();
   auto say = [&](const std::string& line) {
     if (!a.json) fmt::print(stderr, "{}\n", line);
   };
-  out["device"] = npu.device().name;
-  out["plan"] = npu.plan().name;
-  say(fmt::format("  predicted by the timing model of device {} under plan {} (not a measurement: npusim models an NPU)",
-                  npu.device().name, npu.plan().name));
+  const nlohmann::json first = runner.predict_pass(true, 0);
+  out["device"] = first["device"];
+  out["plan"] = first["plan"];
+  say(fmt::format("  predicted by the timing model of device {} under plan {} (not a measurement: {} models a device)",
+                  first["device"].get<std::string>(), first["plan"].get<std::string>(), runner.target()));
   std::vector<int> prefill_lens = {2048};
   for (int L : lens)
     if (L != 2048) prefill_lens.push_back(L);
   for (int L : prefill_lens) {
     if (L > s.max_position) continue;
-    const npusim::PassPrediction p = npusim::predict_prefill(npu.plan(), s, npu.device(), L, npu.weight_formats());
-    out["predicted_prefill"].push_back({{"prompt_len", L}, {"ms", p.total_us / 1e3}, {"tokens_per_s", L / (p.total_us / 1e6)},
-                                        {"npu_dispatches", p.npu_dispatches}});
-    say(fmt::format("  prefill {:>4} tokens: {:9.2f} ms predicted ({:.0f} tok/s; {} NPU dispatches)", L, p.total_us / 1e3,
-                    L / (p.total_us / 1e6), p.npu_dispatches));
+    const nlohmann::json p = runner.predict_pass(false, L);
+    const double us = p["us"].get<double>();
+    const int64_t dispatches = p["npu_dispatches"].get<int64_t>();
+    out["predicted_prefill"].push_back(
+        {{"prompt_len", L}, {"ms", us / 1e3}, {"tokens_per_s", L / (us / 1e6)}, {"npu_dispatches", dispatches}});
+    say(fmt::format("  prefill {:>4} tokens: {:9.2f} ms predicted ({:.0f} tok/s; {} NPU dispatches)", L, us / 1e3,
+                    L / (us / 1e6), dispatches));
   }
   for (int C : lens) {
-    const npusim::PassPrediction p = npusim::predict_decode(npu.plan(), s, npu.device(), C, npu.weight_formats());
-    out["predicted_decode"].push_back({{"context", C}, {"ms_per_token", p.total_us / 1e3},
-                                       {"tokens_per_s", 1e6 / p.total_us}, {"npu_dispatches", p.npu_dispatches}});
-    say(fmt::format("  decode at context {:>4}: {:7.3f} ms/token predicted ({:.1f} tok/s; {} NPU dispatches)", C,
-                    p.total_us / 1e3, 1e6 / p.total_us, p.npu_dispatches));
+    const nlohmann::json p = runner.predict_pass(true, C);
+    const double us = p["us"].get<double>();
+    const int64_t dispatches = p["npu_dispatches"].get<int64_t>();
+    out["predicted_decode"].push_back(
+        {{"context", C}, {"ms_per_token", us / 1e3}, {"tokens_per_s", 1e6 / us}, {"npu_dispatches", dispatches}});
+    say(fmt::format("  decode at context {:>4}: {:7.3f} ms/token predicted ({:.1f} tok/s; {} NPU dispatches)", C, us / 1e3,
+                    1e6 / us, dispatches));
   }
   // The simulator's own speed: wall time of one functional decode step (every launch run
   // tile by tile on this host), after a short prompt.
-  npu.reset();
-  npu.forward(std::span(ids).first(8), false);
+  runner.reset();
+  runner.forward(std::span(ids).first(8), false);
   std::vector<double> wall;
   for (int r = 0; r < a.repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    npu.forward(std::span(ids).subspan(size_t(8 + r), 1), false);
+    runner.forward(std::span(ids).subspan(size_t(8 + r), 1), false);
     wall.push_back(seconds_since(t0));
   }
   out["simulator_decode_step_s"] = median(wall);
@@ -125,8 +127,11 @@ void run_bench(const BenchArgs& a) {
   say(fmt::format("tessera bench: {} on {} ({} threads)", ex.source, ex.description, threads));
   nlohmann::json out = {{"model", ex.model->path()}, {"source", ex.source}, {"target", runner.target()}, {"threads", threads},
                         {"repeats", a.repeats}};
-  if (runner.target() == "cpu") out["isa"] = cpu::isa();
-  if (auto* npu = dynamic_cast<NpuSimRunner*>(&runner)) return bench_npusim(a, *npu, out, lens, ids);
+  // Every target but the oracle is a StagedRunner: what bench needs of it is asked there.
+  auto* staged = dynamic_cast<StagedRunner*>(&runner);
+  if (staged) out["isa"] = staged->isa();
+  const bool predicted = staged && !staged->predict_pass(true, 0).is_null();
+  if (predicted) return bench_predicted(a, *staged, out, lens, ids);
 
   // Warm-up: the first touch of mapped weights and buffer growth are not throughput.
   runner.reset();
@@ -143,35 +148,34 @@ void run_bench(const BenchArgs& a) {
     out["prefill"].push_back({{"prompt_len", L}, {"tokens_per_s", median(tps)}, {"samples", tps}});
     say(fmt::format("  prefill {:>4} tokens: {:8.1f} tok/s", L, median(tps)));
   }
-  auto* cpu_runner = dynamic_cast<CpuRunner*>(&runner);
   auto report_profile = [&](const std::string& what, double tokens) {
-    if (!a.profile || !cpu_runner) return;
+    if (!a.profile || !staged) return;
     double total = 0;
-    for (const auto& [stage, sec] : cpu_runner->stage_seconds()) total += sec;
+    for (const auto& [stage, sec] : staged->stage_seconds()) total += sec;
     std::string line = fmt::format("    profile {} (us/token):", what);
-    for (const auto& [stage, sec] : cpu_runner->stage_seconds()) {
+    for (const auto& [stage, sec] : staged->stage_seconds()) {
       out["profile"][what][stage] = sec / tokens;
       line += fmt::format(" {} {:.0f} ({:.0f}%);", stage, 1e6 * sec / tokens, 100 * sec / total);
     }
     say(line);
-    cpu_runner->clear_profile();
+    staged->clear_profile();
   };
-  if (cpu_runner) cpu_runner->clear_profile();
+  if (staged) staged->clear_profile();
   // The machine's read bandwidth drifts by tens of percent within minutes on a shared VM, so
   // each decode repeat is paired with a bandwidth measurement taken right after it, and the
   // roofline fraction is the median of the per-repeat fractions (same run, same minute).
-  const auto* cpu = dynamic_cast<const CpuRunner*>(&runner);
-  const bool with_bandwidth = cpu && !a.no_bandwidth;
+  // A measured target reads every weight once per decode step: its bandwidth roof applies.
+  const bool with_bandwidth = staged && !a.no_bandwidth;
   std::vector<double> all_bw;
   for (int C : lens) {
     std::vector<double> tps, bws, fractions;
     // Decode reads every weight once, plus the keys and values of the C positions before it.
-    const int64_t bytes = cpu ? cpu->weight_bytes_per_token() + int64_t(C) * cpu->kv_bytes_per_position() : 0;
+    const int64_t bytes = staged ? staged->weight_bytes_per_token() + int64_t(C) * staged->kv_bytes_per_position() : 0;
     for (int r = 0; r < a.repeats; ++r) {
       runner.reset();
       runner.forward(std::span(ids).first(size_t(C)), false);
       const auto t0 = std::chrono::steady_clock::now();
-      if (cpu_runner) cpu_runner->clear_profile();
+      if (staged) staged->clear_profile();
       for (int i = 0; i < a.decode_tokens; ++i) runner.forward(std::span(ids).subspan(size_t(C + i), 1), false);
       tps.push_back(a.decode_tokens / seconds_since(t0));
       if (with_bandwidth) {
@@ -214,7 +218,7 @@ void run_bench(const BenchArgs& a) {
         }
         runner.select_sequence(0);
         const auto t0 = std::chrono::steady_clock::now();
-        if (cpu_runner) cpu_runner->clear_profile();
+        if (staged) staged->clear_profile();
         for (int t = 0; t < a.decode_tokens; ++t) {
           const std::vector<int32_t> step(size_t(B), ids[size_t(C + t)]);
           runner.decode_batch(seqs, step, logits);
@@ -257,7 +261,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--device", a->device, "npusim: the device profile (default xdna2)");
   cmd->add_option("--isa", a->isa,
                   "cpu target: force a kernel path, to compare them on one machine (auto, amx, avx512bf16, hwy, or a "
-                  "Highway target: AVX3, AVX2, SSE4, EMU128; as cpu::set_isa)");
+                  "Highway target this CPU has: AVX3, AVX2, SSE4, SCALAR; as cpu::set_isa)");
   cmd->add_flag("--profile", a->profile, "cpu target: also report wall time per stage for decode and each --batch (the last repeat; per token, so a batch divides its step by its rows)");
   cmd->callback([a] { run_bench(*a); });
 }

@@ -9,9 +9,7 @@
 
 #include "cli/commands.h"
 #include "pipeline/executor.h"
-#include "targets/npusim/npusim_runner.h"
-#include "targets/npusim/predict.h"
-#include "targets/npusim/program.h"
+#include "targets/staged_runner.h"
 #include "util/error.h"
 
 namespace tessera::cli {
@@ -33,33 +31,31 @@ void run_profile(const ProfileArgs& a) {
   eo.plan_name = a.plan;
   eo.device = a.device;
   Executor ex = open_executor(a.what, eo);
-  auto* npu = dynamic_cast<NpuSimRunner*>(ex.runner.get());
-  if (!npu) fail("{}: not on the npusim target (profile predicts an NPU's time; use `tessera bench --profile` on cpu)", a.what);
-  const ModelSpec& s = npu->spec();
+  auto* staged = dynamic_cast<StagedRunner*>(ex.runner.get());
+  if (!staged || staged->predict_pass(true, 0).is_null())
+    fail("{}: not on a modelled target (profile predicts an NPU's time; use `tessera bench --profile` on cpu)", a.what);
+  const ModelSpec& s = staged->spec();
   if (a.prompt_len < 1 || a.prompt_len > s.max_position) fail("--prompt-len {} is outside [1, {}]", a.prompt_len, s.max_position);
   if (a.context < 0 || a.context >= s.max_position) fail("--context {} is outside [0, {})", a.context, s.max_position);
   // The dry mode: the plan lowered at these shapes and priced, nothing executed.
-  const npusim::Program prefill_program = npusim::lower(npu->plan(), s, npu->device(), {false, a.prompt_len, 0, 1}, {}, npu->weight_formats());
-  const npusim::Program decode_program = npusim::lower(npu->plan(), s, npu->device(), {true, 1, a.context, 1}, {}, npu->weight_formats());
-  const npusim::PassPrediction prefill = npusim::price(prefill_program, npu->device());
-  const npusim::PassPrediction decode = npusim::price(decode_program, npu->device());
+  const nlohmann::json prefill = staged->predict_pass(false, a.prompt_len, a.json);
+  const nlohmann::json decode = staged->predict_pass(true, a.context, a.json);
   if (a.json) {
     fmt::print("{}\n", nlohmann::json{{"source", ex.source},
-                                      {"device", npu->device().name},
-                                      {"plan", npu->plan().to_json()},
-                                      {"prefill", prefill.to_json()},
-                                      {"decode", decode.to_json()},
-                                      {"programs", {{"prefill", prefill_program.to_json()},
-                                                    {"decode", decode_program.to_json()}}}}
+                                      {"device", prefill["device"]},
+                                      {"plan", prefill["plan_spec"]},
+                                      {"prefill", prefill["prediction"]},
+                                      {"decode", decode["prediction"]},
+                                      {"programs", {{"prefill", prefill["program"]}, {"decode", decode["program"]}}}}
                            .dump(2));
     return;
   }
   fmt::print("tessera profile: {} on {}\n", ex.source, ex.description);
-  fmt::print("plan {}: {}\n", npu->plan().name, npu->plan().description);
+  fmt::print("plan {}: {}\n", prefill["plan"].get<std::string>(), prefill["plan_description"].get<std::string>());
   fmt::print("(predicted by the timing model of device profile {}, calibrated on kernel-level measurements only; "
              "not a measurement)\n\n",
-             npu->device().name);
-  fmt::print("{}\n{}", prefill.describe(), decode.describe());
+             prefill["device"].get<std::string>());
+  fmt::print("{}\n{}", prefill["describe"].get<std::string>(), decode["describe"].get<std::string>());
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // deployment's frozen plan (src/serve/). It listens at once (/health says "loading" until
 // the model is in), then serves --parallel slots from one copy of the weights.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <atomic>
 #include <chrono>
@@ -15,6 +16,7 @@
 #include "pipeline/executor.h"
 #include "serve/http_server.h"
 #include "serve/scheduler.h"
+#include "targets/registry.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
@@ -39,6 +41,19 @@ struct ServeArgs {
 std::atomic<bool> g_stop{false};
 extern "C" void on_signal(int) { g_stop = true; }
 
+// `tessera serve` runs requests on the targets whose entry says it serves them.
+void refuse_unless_served(const std::string& target, const std::string& what) {
+  if (target == "oracle") fail("{}: the FP32 oracle is a reference, not a target `tessera serve` runs", what);
+  const TargetDef& d = target_def(target);
+  if (d.serves) return;
+  std::vector<std::string> serving;
+  for (const TargetDef& t : target_defs())
+    if (t.serves) serving.push_back(t.name);
+  fail("{} is on the target '{}', which `tessera serve` does not serve ({}); it serves {}: deploy on one of those to serve it",
+       what, target, d.serve_refusal.empty() ? "its entry does not say it serves" : d.serve_refusal,
+       fmt::join(serving, ", "));
+}
+
 void run_serve(const ServeArgs& a) {
   if (a.parallel < 1) fail("--parallel must be >= 1, got {}", a.parallel);
   if (a.ctx_size < 0) fail("--ctx-size must be >= 0, got {}", a.ctx_size);
@@ -51,10 +66,7 @@ void run_serve(const ServeArgs& a) {
   // What cannot serve is refused before anything listens.
   if (is_deployment_dir(a.model)) {
     const std::string target = Deployment::open_existing(a.model).identity().value("target", "");
-    if (target != "cpu")
-      fail("{} is a deployment on '{}': `tessera serve` serves the cpu target only ({} is a modelled device that "
-           "predicts timings and does not run requests at a useful speed); deploy on cpu to serve it",
-           a.model, target, target);
+    refuse_unless_served(target, a.model);
   }
 
   serve::HttpOptions ho;
@@ -82,7 +94,7 @@ void run_serve(const ServeArgs& a) {
   std::unique_ptr<serve::Scheduler> scheduler;
   try {
     ex = open_executor(a.model, "", a.threads);
-    if (ex.runner->target() != "cpu") fail("`tessera serve` serves the cpu target only, not '{}'", ex.runner->target());
+    refuse_unless_served(ex.runner->target(), a.model);
     tok = std::make_unique<Tokenizer>(Tokenizer::for_model(*ex.model));
     serve::Backend b;
     b.model_id = std::filesystem::path(ex.source).filename().string();

@@ -49,7 +49,7 @@ std::string label(const std::string& model) { return fs::path(model).filename().
 void read_deployment(CampaignRow& row, const fs::path& dir, int threads) {
   const Deployment dep = Deployment::open_existing(dir);
   for (const PhaseDef& p : phase_defs()) {
-    if (!p.implemented) continue;
+    if (!p.implemented()) continue;
     ++row.phases_total;
     row.wall_s += dep.phase_record(p.id).value("wall_s", 0.0);  // the last run of each phase, as phase_timing.md
     if (phase_done(dep.phase_status(p.id))) ++row.phases_passed;
@@ -65,8 +65,10 @@ void read_deployment(CampaignRow& row, const fs::path& dir, int threads) {
   row.deployed = row.phases_passed == row.phases_total;
   if (!row.deployed) return;
   const nlohmann::json plan = read_json_file(dep.file("plan.json"));
-  if (plan.contains("npusim")) {
-    const nlohmann::json& np = plan.at("npusim").at("plan");  // at(): a const operator[] on a missing key is undefined
+  // A plan of dispatches (a modelled NPU's section names its plan): dispatches per layer.
+  const nlohmann::json own = plan.value(plan.value("target", ""), nlohmann::json::object());
+  if (own.is_object() && own.contains("plan") && own.at("plan").contains("prefill")) {
+    const nlohmann::json& np = own.at("plan");  // at(): a const operator[] on a missing key is undefined
     auto per_layer = [&](const char* pass) {
       return json_integer_or(np.at(pass), "npu_dispatches_per_layer", "plan.json: npu_dispatches_per_layer", 0);
     };

@@ -315,6 +315,13 @@ const std::map<std::string, Threshold>& thresholds() {
       {"phase2.row_cosine_min.hd256", {0.97, "per-position minimum, head_dim > 128: longest bf16 dot products"}},
       // phase 3: the whole model on the target
       {"phase3.layer_cosine_min", {0.95, "bf16 error grows with depth but every layer stays aligned"}},
+      // phase 3's layer-scoped rows: each layer started from the oracle's input (sublayer_check.h)
+      {"phase3.sublayer_margin", {3, "limit = margin x the sum of the sublayer's kernels' expected relative errors (layer 0's "
+                                     "op-table cases); npusim's bf16 attention measures up to 1.7x that sum in deep layers"}},
+      {"phase3.sublayer_error_floor", {0.01, "the least limit of a sublayer's relative error: fp32, fp16-cache and "
+                                             "block-quantized paths measure up to 0.0011 (default model, cpu)"}},
+      {"phase3.sublayer_error_max", {0.04, "outer bound: one layer's attention or MLP contribution 4% off the oracle's "
+                                           "is a bug on any numerics tessera has (npusim's bf16 array measures up to 0.023)"}},
       {"phase3.cliff_max", {0.05, "a drop this large between adjacent layers points at one broken layer"}},
       {"phase3.logits_cosine_min", {0.99, "final logits close to the oracle's"}},
       {"phase3.decisive_prob", {0.5, "oracle top-1 probability above this makes a prompt decisive (same top-1 required)"}},
@@ -322,6 +329,8 @@ const std::map<std::string, Threshold>& thresholds() {
       // phase 6: the integrated runner
       {"phase6.tokens", {32, "greedy tokens generated and matched per prompt"}},
       {"phase6.prompts_min", {2, "at least this many prompts in the greedy match"}},
+      {"phase6.tie_margin", {3, "a greedy divergence passes only where the oracle's logit gap between the two tokens is "
+                                 "under this x sqrt(2) x the RMS logit difference on the first step (a near-tie)"}},
       {"phase6.topk", {5, "at the first divergence each side's token is in the other's top-k"}},
       // debug skills: when an experiment's reference variant counts as matching the target
       {"diagnose.match_nmse_max", {1e-4, "the target matches a reference variant (bf16 rounding stays ~1e-5)"}},

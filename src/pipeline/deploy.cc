@@ -127,10 +127,12 @@ void write_report(Deployment& dep) {
       for (const auto& g : j["gates"]) passed += gates::GateResult::from_json(g).pass();
       r["gates_passed"] = passed;
       r["gates_total"] = j["gates"].size();
-      if (p.id == 6 && j["details"].contains("target_timing")) report["figures"]["phase6_target_timing"] = j["details"]["target_timing"];
-      if (p.id == 6 && j["details"].contains("target_predicted")) report["figures"]["predicted"] = j["details"]["target_predicted"];
-      if ((p.id == 4 || p.id == 5) && j["details"].contains("steps")) report["optimization"][std::to_string(p.id)] = j["details"];
-      if (p.id == 0 && j["details"].contains("reference")) report["reference"] = j["details"]["reference"];
+      // The figures, trajectories and reference status the phases recorded, by what they are.
+      const nlohmann::json& d = j["details"];
+      if (d.contains("target_timing")) report["figures"]["phase6_target_timing"] = d["target_timing"];
+      if (d.contains("target_predicted")) report["figures"]["predicted"] = d["target_predicted"];
+      if (d.contains("steps")) report["optimization"][std::to_string(p.id)] = d;
+      if (d.contains("reference")) report["reference"] = d["reference"];
     }
     report["phases"][std::to_string(p.id)] = r;
   }
@@ -151,14 +153,59 @@ void write_derived_files(Deployment& dep) {
   write_report(dep);
 }
 
+// What phases 1, 4-5 and 6 leave beside their records.
+void record_kernels_and_first_plan(Deployment& dep, PhaseContext& ctx, const PhaseOutcome& o) {
+  write_kernel_registry(dep, ctx.target(), o);
+  write_plan_files(dep, ctx.target().build_plan(ctx.model));
+  fs::remove(dep.file("plan_validated.json"));  // phase 4 keeps aside the plan phases 1-3 gate
+}
+void record_trajectory(Deployment& dep, PhaseContext&, const PhaseOutcome&) { write_perf_trajectory(dep); }
+void record_frozen_plan(Deployment& dep, PhaseContext& ctx, const PhaseOutcome& o) {
+  if (!o.pass) return;
+  nlohmann::json plan = read_json_file(dep.file("plan.json"));
+  plan["frozen"] = true;
+  plan["op_counters_phase6"] = ctx.target().op_counters();
+  write_json_atomic(dep.file("plan.json"), plan);
+  dep.set_phase(6, {{"plan_sha256", plan_hash(plan)}});
+}
+
+std::vector<PhaseDef>& phase_registry() {
+  static std::vector<PhaseDef> defs = {
+      {0, "oracle", "load the model, build the FP32 oracle, check it", run_phase0_oracle},
+      {1, "kernels", "every (kernel, shape) the model needs on the target vs the oracle's kernel", run_phase1_kernels,
+       record_kernels_and_first_plan},
+      {2, "block", "layer 0 wired on the target with real prompt activations; bisect on failure", run_phase2_block},
+      {3, "model", "all layers on the target over the canonical prompts, and each layer alone from the oracle's input",
+       run_phase3_model},
+      {4, "prefill-opt", "the target's optimization skills rewrite the plan for prefill, each gated and measured",
+       run_phase4_prefill_opt, record_trajectory, true},
+      {5, "decode-opt", "the target's optimization skills rewrite the plan for decode, each gated and measured",
+       run_phase5_decode_opt, record_trajectory, true},
+      {6, "integrate", "one prefill+decode runner, greedy match vs the oracle, plan frozen", run_phase6_integrate,
+       record_frozen_plan},
+      {7, "evaluate", "independent evaluator: `tessera audit DIR`, in its own process"},
+  };
+  return defs;
+}
+
 }  // namespace
+
+const std::vector<PhaseDef>& phase_defs() { return phase_registry(); }
+
+void register_phase(const PhaseDef& def) {
+  std::vector<PhaseDef>& defs = phase_registry();
+  for (const PhaseDef& d : defs)
+    if (d.id == def.id) fail("phase {} is already registered ({})", def.id, d.name);
+  defs.insert(std::upper_bound(defs.begin(), defs.end(), def, [](const PhaseDef& a, const PhaseDef& b) { return a.id < b.id; }),
+              def);
+}
 
 DeployResult deploy(const DeployOptions& opts) {
   const std::vector<std::string> targets = target_names();
   if (std::find(targets.begin(), targets.end(), opts.target) == targets.end())
     fail("target '{}' is not available in this version (targets: {})", opts.target, fmt::join(targets, ", "));
   check_target_options(opts.target, target_options(opts));
-  if (opts.from_phase >= 0 && !phase_def(opts.from_phase).implemented)
+  if (opts.from_phase >= 0 && !phase_def(opts.from_phase).implemented())
     fail("--from-phase {}: phase {} ({}) is not implemented in this version", opts.from_phase, opts.from_phase,
          phase_def(opts.from_phase).name);
   Model model = Model::open(opts.model_path);
@@ -174,11 +221,11 @@ DeployResult deploy(const DeployOptions& opts) {
 
   DeployResult result;
   for (const PhaseDef& p : phase_defs()) {
-    if (!p.implemented) continue;
+    if (!p.implemented()) continue;
     if (phase_done(dep.phase_status(p.id))) {
       say(fmt::format("phase {} {}: {} in an earlier run (resumed)", p.id, p.name, dep.phase_status(p.id)));
       // The later phases run the plan the optimization phases left.
-      if (p.id == 4 || p.id == 5) ctx.use_plan(read_json_file(dep.file("plan.json")));
+      if (p.rewrites_plan) ctx.use_plan(read_json_file(dep.file("plan.json")));
       continue;
     }
     say(fmt::format("phase {} {}: {}", p.id, p.name, p.does));
@@ -186,16 +233,7 @@ DeployResult deploy(const DeployOptions& opts) {
     dep.set_phase(p.id, {{"status", "running"}, {"started", now_iso8601()}});
     PhaseOutcome o;
     try {
-      switch (p.id) {
-        case 0: o = run_phase0_oracle(ctx); break;
-        case 1: o = run_phase1_kernels(ctx); break;
-        case 2: o = run_phase2_block(ctx); break;
-        case 3: o = run_phase3_model(ctx); break;
-        case 4: o = run_phase4_prefill_opt(ctx); break;
-        case 5: o = run_phase5_decode_opt(ctx); break;
-        case 6: o = run_phase6_integrate(ctx); break;
-        default: fail("internal: phase {} has no runner", p.id);
-      }
+      o = p.run(ctx);
     } catch (const IoError&) {
       throw;  // a full disk or a read-only directory: not the phase's verdict (state says it is still running)
     } catch (const Error& e) {
@@ -213,19 +251,7 @@ DeployResult deploy(const DeployOptions& opts) {
     const nlohmann::json record = {{"phase", p.id}, {"name", p.name}, {"pass", o.pass}, {"summary", o.summary},
                                    {"gates", rows}, {"details", o.details}, {"diagnosis", o.diagnosis}};
     write_json_atomic(dep.file(fmt::format("phase{}.json", p.id)), record);
-    if (p.id == 1) {
-      write_kernel_registry(dep, ctx.target(), o);
-      write_plan_files(dep, ctx.target().build_plan(model));
-      fs::remove(dep.file("plan_validated.json"));  // phase 4 keeps aside the plan phases 1-3 gate
-    }
-    if (p.id == 4 || p.id == 5) write_perf_trajectory(dep);
-    if (p.id == 6 && o.pass) {
-      nlohmann::json plan = read_json_file(dep.file("plan.json"));
-      plan["frozen"] = true;
-      plan["op_counters_phase6"] = ctx.target().op_counters();
-      write_json_atomic(dep.file("plan.json"), plan);
-      dep.set_phase(p.id, {{"plan_sha256", plan_hash(plan)}});
-    }
+    if (p.record) p.record(dep, ctx, o);
     const std::string status = !o.pass ? "failed" : o.status.empty() ? "passed" : o.status;
     dep.set_phase(p.id, {{"status", status}, {"finished", now_iso8601()}, {"wall_s", wall}, {"summary", o.summary}});
     write_derived_files(dep);

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -25,24 +26,27 @@ namespace {
 constexpr const char* kIssuesHeader = "# Issues\n\nEvery gate failure, its diagnosis, and what fixed it.\n";
 }  // namespace
 
-const std::vector<PhaseDef>& phase_defs() {
-  static const std::vector<PhaseDef> defs = {
-      {0, "oracle", "load the model, build the FP32 oracle, check it", true},
-      {1, "kernels", "every (kernel, shape) the model needs on the target vs the oracle's kernel", true},
-      {2, "block", "layer 0 wired on the target with real prompt activations; bisect on failure", true},
-      {3, "model", "all layers on the target over the canonical prompts", true},
-      {4, "prefill-opt", "the target's optimization skills rewrite the plan for prefill, each gated and measured", true},
-      {5, "decode-opt", "the target's optimization skills rewrite the plan for decode, each gated and measured", true},
-      {6, "integrate", "one prefill+decode runner, greedy match vs the oracle, plan frozen", true},
-      {7, "evaluate", "independent evaluator: `tessera audit DIR`, in its own process", false},
+std::string altered_on_purpose(const nlohmann::json& identity) {
+  std::vector<std::string> what;
+  const auto list = [&](const char* key, const char* flag) {
+    const auto it = identity.find(key);
+    if (it == identity.end() || !it->is_array() || it->empty()) return;
+    std::vector<std::string> names;
+    for (const auto& v : *it) names.push_back(v.is_string() ? v.get<std::string>() : v.dump());
+    what.push_back(fmt::format("{} {} ({})", names.size() == 1 ? std::string(key).substr(0, std::strlen(key) - 1) : key,
+                               fmt::join(names, ", "), flag));
   };
-  return defs;
+  list("faults", "--inject");
+  list("perturbations", "--perturb");
+  if (what.empty()) return "";
+  return fmt::format("made with {} on purpose: a test of the gates, not the model as it is; do not use it",
+                     fmt::join(what, " and "));
 }
 
 const PhaseDef& phase_def(int id) {
   for (const PhaseDef& d : phase_defs())
     if (d.id == id) return d;
-  fail("no phase {} (phases are 0 to 7)", id);
+  fail("no phase {} (phases are {} to {})", id, phase_defs().front().id, phase_defs().back().id);
 }
 
 std::string now_iso8601() {
@@ -224,9 +228,11 @@ Deployment Deployment::open_for_deploy(const fs::path& dir, const nlohmann::json
               {"identity", identity},
               {"phases", nlohmann::json::object()}};
   for (const PhaseDef& p : phase_defs())
-    d.state_["phases"][std::to_string(p.id)] = {{"name", p.name}, {"status", p.implemented ? "pending" : "not-run"}};
+    d.state_["phases"][std::to_string(p.id)] = {{"name", p.name}, {"status", p.implemented() ? "pending" : "not-run"}};
   d.save_state();
-  write_file_atomic(d.file("issues.md"), kIssuesHeader);
+  const std::string altered = altered_on_purpose(identity);
+  write_file_atomic(d.file("issues.md"), altered.empty() ? std::string(kIssuesHeader)
+                                                         : fmt::format("{}\n**This deployment was {}.**\n", kIssuesHeader, altered));
   return d;
 }
 
@@ -258,7 +264,7 @@ void Deployment::set_phase(int id, const nlohmann::json& record) {
 
 void Deployment::invalidate_from(int id) {
   for (const PhaseDef& p : phase_defs())
-    if (p.id >= id && p.implemented) {
+    if (p.id >= id && p.implemented()) {
       state_["phases"][std::to_string(p.id)] = {{"name", p.name}, {"status", "pending"}};
       std::error_code ec;
       fs::remove_all(dir_ / fmt::format("phase{}", p.id), ec);  // per-item resume data

@@ -27,14 +27,31 @@ class IoError : public Error {
 std::string io_error_message(const std::string& verb, const std::filesystem::path& path, int err);
 
 // The phases tessera runs today, in order, and their names.
+class Deployment;
+class PhaseContext;   // pipeline/phases.h
+struct PhaseOutcome;  // pipeline/phases.h
+
+// A phase of the pipeline as `tessera deploy` runs it: the deploy loop knows phases only
+// through these entries (adding a phase is one entry: register_phase).
 struct PhaseDef {
   int id;
   const char* name;
   const char* does;
-  bool implemented;  // by `tessera deploy` (phase 7 runs apart: `tessera audit`)
+  // Runs the phase and its gate; nullptr: not run by `tessera deploy` (phase 7 runs apart,
+  // `tessera audit`).
+  PhaseOutcome (*run)(PhaseContext&) = nullptr;
+  // What the phase leaves beside its record, after it ran (nullptr: nothing): phase 1 the
+  // kernel registry and the first plan, phases 4-5 the trajectory, phase 6 the frozen plan.
+  void (*record)(Deployment&, PhaseContext&, const PhaseOutcome&) = nullptr;
+  // The phase rewrites plan.json: a resumed deploy runs the later phases on the plan it left.
+  bool rewrites_plan = false;
+  bool implemented() const { return run != nullptr; }
 };
+// The phases in id order: the built-in 0-7 (pipeline/deploy.cc), then any registered.
 const std::vector<PhaseDef>& phase_defs();
 const PhaseDef& phase_def(int id);
+// Adds a phase (a test's toy phase) to phase_defs, kept in id order; an id taken is refused.
+void register_phase(const PhaseDef& def);
 
 // Writes a temporary file beside PATH (PATH.tmp<pid>), fsyncs it, renames it over PATH and
 // fsyncs the directory; on any failure the temporary is removed, PATH is left as it was and
@@ -48,6 +65,12 @@ nlohmann::json read_json_file(const std::filesystem::path& path);  // throws nam
 // A phase whose work is done: "passed", or phase 0's "unverified" (no independent
 // reference: the oracle's own checks passed, nothing proved it equal to transformers).
 bool phase_done(const std::string& status);
+
+// What a deployment's identity says was done to it on purpose: "" for a deployment of the
+// model as it is, else one sentence naming the injected faults (--inject) and perturbations
+// (--perturb). Such a deployment is a test of the gates, never one to use: deploy's last
+// line, issues.md, the audit (FAIL), diagnose and report.html say so first.
+std::string altered_on_purpose(const nlohmann::json& identity);
 
 class Deployment {
  public:

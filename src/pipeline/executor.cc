@@ -68,7 +68,7 @@ Executor open_executor(const std::string& what, const ExecutorOptions& opts) {
   Executor e;
   e.source = resolve_model_path(what);
   e.model = std::make_unique<Model>(Model::open(e.source));
-  const std::string target = opts.target.empty() ? "cpu" : opts.target;
+  const std::string target = opts.target.empty() ? target_names().front() : opts.target;  // the registry's default
   const std::vector<std::string> targets = target_names();
   if (target != "oracle" && std::find(targets.begin(), targets.end(), target) == targets.end())
     fail("unknown target '{}' (targets: {}, oracle)", target, fmt::join(targets, ", "));

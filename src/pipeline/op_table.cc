@@ -628,4 +628,20 @@ std::vector<OpResult> run_op_table(StagedRunner& target, const OpInputs& in, con
   return results;
 }
 
+std::map<Stage, double> expected_stage_errors(const StagedRunner& target, const OpInputs& in) {
+  std::map<Stage, double> out;
+  for (const OpRow& row : op_table())
+    for (const OpCase& c : row.cases(in)) {
+      std::vector<std::vector<int64_t>> cols;
+      const std::vector<std::vector<float>> emulated = c.emulate(target.numerics(c.stage, c.tokens, c.layer), cols);
+      for (size_t i = 0; i < c.outputs.size(); ++i) {
+        const std::vector<float> ref = pick_columns(c.outputs[i], cols[i]);
+        const double nmse = gates::compare(ref.data(), emulated[i].data(), c.outputs[i].rows, int64_t(cols[i].size())).nmse;
+        double& e = out[c.stage];
+        e = std::max(e, std::isfinite(nmse) ? std::sqrt(std::max(nmse, 0.0)) : 0.0);
+      }
+    }
+  return out;
+}
+
 }  // namespace tessera

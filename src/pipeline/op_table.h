@@ -16,6 +16,7 @@
 // Pearson (outer bound only), non-finite parity and guard bytes.
 #pragma once
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -111,6 +112,10 @@ struct OpHarnessOptions {
   std::function<void(const std::string&)> progress;
 };
 std::vector<OpResult> run_op_table(StagedRunner& target, const OpInputs& in, const OpHarnessOptions& opt = {});
+// Per stage, the largest relative error (sqrt of NMSE) its cases are expected to have under
+// the target's declared numerics: the emulated twins against the exact oracle, no target
+// kernel run. Phase 3's layer-scoped limits are built from these.
+std::map<Stage, double> expected_stage_errors(const StagedRunner& target, const OpInputs& in);
 
 // The gate row for a measured output given its expected error (exposed for tests).
 gates::GateResult op_gate(const std::string& gate, const std::string& subject, const std::string& kernel,

@@ -48,8 +48,12 @@ Gated model_gate(PhaseContext& ctx, StagedRunner& runner, Pass pass) {
     g.pass = g.pass && r.gate.pass();
     g.rows.push_back(r.gate);
   }
+  // The short prompts, as phase 3 runs them (the long-context prompt and the layer-scoped rows
+  // hold the frozen plan in phase 6: each rewrite here is plan-wide).
   for (const CanonicalPrompt& p : ctx.prompts()) {
-    GateResult row = GateResult::from_json(model_gate_record(ctx, runner, p, pass == Pass::Decode)["gate"]);
+    if (p.long_context) continue;
+    GateResult row =
+        GateResult::from_json(model_gate_record(ctx, runner, p, pass == Pass::Decode, /*layer_scoped=*/false)["gate"]);
     if (!row.pass() && g.first_failure.empty()) g.first_failure = row.subject;
     g.pass = g.pass && row.pass();
     g.rows.push_back(std::move(row));

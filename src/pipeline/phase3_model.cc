@@ -9,6 +9,7 @@
 
 #include "pipeline/capture.h"
 #include "pipeline/deployment.h"
+#include "pipeline/sublayer_check.h"
 #include "util/error.h"
 
 namespace tessera {
@@ -28,12 +29,35 @@ const PhaseContext::OracleRun& PhaseContext::oracle_run(const std::vector<int32_
   OracleRunner& o = oracle();
   o.reset();
   OracleRun run;
-  run.logits = o.forward(ids, false, ref.fn(is_layer_output), ProbeLevel::Layers);
-  for (int64_t l = 0; l < model.spec().n_layers; ++l) run.layers.push_back(ref.at(fmt::format("layers.{}.out", l)));
+  // The residual stream at every layer boundary and between each layer's two sublayers.
+  run.logits = o.forward(
+      ids, false,
+      ref.fn([](const std::string& n) { return is_layer_output(n) || n.ends_with(".attn_residual") || n == "embed"; }),
+      ProbeLevel::All);
+  run.embed = ref.at("embed");
+  for (int64_t l = 0; l < model.spec().n_layers; ++l) {
+    run.mids.push_back(ref.at(fmt::format("layers.{}.attn_residual", l)));
+    run.layers.push_back(ref.at(fmt::format("layers.{}.out", l)));
+  }
   return oracle_runs_.emplace(ids, std::move(run)).first->second;
 }
 
-nlohmann::json model_gate_record(PhaseContext& ctx, StagedRunner& target, const CanonicalPrompt& p, bool last_as_decode) {
+std::string first_failing_sublayer_text(const nlohmann::json& rec) {
+  const auto it = rec.find("first_failing_sublayer");
+  if (it == rec.end() || it->is_null()) return "";
+  const nlohmann::json& f = *it;
+  const bool mlp = f["sublayer"].get<std::string>() == "mlp";
+  return fmt::format(
+      "\"{}\": layer {}'s {} disagrees with the oracle's when the layer starts from the oracle's input (relative error "
+      "{:.4f}{}), the first layer in depth that does: suspect that layer's {}, not the layers after it",
+      rec["text"].get<std::string>(), f["layer"].get<int64_t>(), f["sublayer"].get<std::string>(),
+      gates::read_json_number(f["error"]), f["far_positions"].get<bool>() ? " over positions past 256" : "",
+      mlp ? "MLP (its norm, gate/up/down weights, activation or residual add)"
+          : "attention block (its norm, q/k/v/o weights, RoPE positions, KV cache or residual add)");
+}
+
+nlohmann::json model_gate_record(PhaseContext& ctx, StagedRunner& target, const CanonicalPrompt& p, bool last_as_decode,
+                                 bool layer_scoped) {
   const ModelSpec& s = ctx.model.spec();
   const PhaseContext::OracleRun& ref = ctx.oracle_run(p.ids);
   const std::vector<float>& lr = ref.logits;
@@ -44,10 +68,10 @@ nlohmann::json model_gate_record(PhaseContext& ctx, StagedRunner& target, const 
   if (last_as_decode && p.ids.size() > 1) {
     // The prompt but its last token as a prefill, then the last token as a decode step: the
     // capture appends the step's rows, so the comparison is the same [T, hidden] per layer.
-    target.forward(std::span<const int32_t>(p.ids.data(), p.ids.size() - 1), false, probe, ProbeLevel::Layers);
+    prefill_in_chunks(target, std::span<const int32_t>(p.ids.data(), p.ids.size() - 1), false, probe, ProbeLevel::Layers);
     lg = target.forward(std::span<const int32_t>(&p.ids.back(), 1), false, probe, ProbeLevel::Layers);
   } else {
-    lg = target.forward(p.ids, false, probe, ProbeLevel::Layers);
+    lg = prefill_in_chunks(target, p.ids, false, probe, ProbeLevel::Layers);
   }
   const int64_t T = int64_t(p.ids.size());
   std::vector<double> cos;
@@ -88,8 +112,25 @@ nlohmann::json model_gate_record(PhaseContext& ctx, StagedRunner& target, const 
   else
     g.require_fixed("top5_two_way", gates::topk_two_way(lr.data(), lg.data(), s.vocab, int(gates::threshold("phase3.topk"))) ? 1 : 0,
                     "==", 1);
-  return {{"ids", p.ids}, {"text", p.text}, {"decisive", is_decisive}, {"top1_prob", p1}, {"layer_cosines", cosines_json},
-          {"position_min_cosines", position_min_json}, {"gate", g.to_json()}};
+  nlohmann::json rec = {{"ids", p.ids}, {"text", p.text}, {"decisive", is_decisive}, {"top1_prob", p1},
+                        {"layer_cosines", cosines_json}, {"position_min_cosines", position_min_json}};
+  if (layer_scoped) {
+    // One layer at a time: what each sublayer adds, from the oracle's input to its layer.
+    const SublayerErrors sub = sublayer_errors(ctx, target, p, last_as_decode);
+    const SublayerLimits limits = sublayer_limits(ctx, target);
+    const SublayerErrors::Worst worst = sub.worst(), first = sub.first_over(limits);
+    g.require_derived("attention_error", sub.attention_max(), "<=", limits.attention, "phase3.sublayer_error_max");
+    g.require_derived("mlp_error", sub.mlp_max(), "<=", limits.mlp, "phase3.sublayer_error_max");
+    rec["sublayer_errors"] = sub.to_json();
+    rec["worst_sublayer"] = {{"layer", worst.layer}, {"sublayer", worst.sublayer}, {"error", gates::json_number(worst.error)},
+                             {"far_positions", worst.far}};
+    rec["sublayer_expected"] = {{"attention", limits.attention_expected}, {"mlp", limits.mlp_expected}};
+    if (first.layer >= 0)
+      rec["first_failing_sublayer"] = {{"layer", first.layer}, {"sublayer", first.sublayer},
+                                       {"error", gates::json_number(first.error)}, {"far_positions", first.far}};
+  }
+  rec["gate"] = g.to_json();
+  return rec;
 }
 
 PhaseOutcome run_phase3_model(PhaseContext& ctx) {
@@ -122,8 +163,12 @@ PhaseOutcome run_phase3_model(PhaseContext& ctx) {
   out.summary = fmt::format("{} prompts ({} decisive, {} competitive): {}", prompts.size(), decisive,
                             prompts.size() - size_t(decisive), out.pass ? "all pass" : "failures");
   if (!out.pass) {
-    // Where along the depth does it go wrong? The first layer under the threshold.
+    // Where along the depth does it go wrong? First the layer-scoped check: the first layer
+    // (in depth) whose sublayer, started from the oracle's input, adds what the oracle does not.
+    for (const auto& rec : out.details["prompts"])
+      if (out.diagnosis.empty()) out.diagnosis = first_failing_sublayer_text(rec);
     for (const auto& rec : out.details["prompts"]) {
+      if (!out.diagnosis.empty()) break;
       std::vector<double> cos;
       for (const auto& c : rec["layer_cosines"]) cos.push_back(gates::read_json_number(c));
       for (size_t l = 0; l < cos.size(); ++l)

@@ -18,6 +18,7 @@ const Tokenizer& PhaseContext::tokenizer() {
 }
 std::vector<CanonicalPrompt> PhaseContext::prompts() {
   std::vector<CanonicalPrompt> out = canonical_prompts(tokenizer());
+  out.push_back(long_context_prompt(tokenizer(), model.spec()));
   for (CanonicalPrompt& p : out) p.ids = runtime_prompt_ids(opts.faults, tokenizer(), std::move(p.ids));
   return out;
 }
@@ -56,6 +57,21 @@ std::unique_ptr<StagedRunner> PhaseContext::make_runner(const nlohmann::json& pl
   r->set_output_tap(perturbation_tap(opts.perturbations));
   return r;
 }
+const std::map<Stage, double>& PhaseContext::expected_stage_errors(const StagedRunner& t) {
+  // The declared numerics of every stage at a prefill and a decode step, layer 0: what the
+  // emulation depends on.
+  std::string key;
+  for (int i = 0; i < int(Stage::Count); ++i)
+    for (const int64_t T : {int64_t(2), int64_t(1)}) {
+      const oracle::Numerics n = t.numerics(Stage(i), T, 0);
+      key += n.name + "|" + n.describe() + "\n";
+    }
+  auto it = expected_stage_errors_.find(key);
+  if (it == expected_stage_errors_.end())
+    it = expected_stage_errors_.emplace(key, tessera::expected_stage_errors(t, op_inputs())).first;
+  return it->second;
+}
+
 void PhaseContext::progress(const std::string& line) const {
   if (!opts.quiet) fmt::print(stderr, "  {}\n", line);
 }

@@ -23,6 +23,7 @@ struct OpInputs;  // pipeline/op_table.h
 struct CanonicalPrompt {
   std::string text;
   std::vector<int32_t> ids;
+  bool long_context = false;  // the passage past 256 positions (long_context_prompt)
 };
 
 struct DeployOptions {
@@ -63,8 +64,9 @@ class PhaseContext {
   const Model& model;
   const DeployOptions& opts;
   const Tokenizer& tokenizer();
-  // The canonical prompts as the runtime hands them to the model (the tokenizer's ids, then
-  // the prompt path's injected faults), and the runtime's stop set: what every phase runs.
+  // The canonical prompts, then the long-context one, as the runtime hands them to the model
+  // (the tokenizer's ids, then the prompt path's injected faults), and the runtime's stop
+  // set: what phases 3-6 run.
   std::vector<CanonicalPrompt> prompts();
   std::vector<int32_t> stop_ids();
   OracleRunner& oracle();
@@ -82,6 +84,8 @@ class PhaseContext {
   // The oracle's per-layer outputs and last-position logits on a prompt, computed once per
   // deploy run (phases 3, 4 and 5 compare every plan against the same reference).
   struct OracleRun {
+    std::vector<float> embed;                // the embedding's output, [T, hidden]
+    std::vector<std::vector<float>> mids;    // layers.N.attn_residual, [T, hidden] each
     std::vector<std::vector<float>> layers;  // layers.N.out, [T, hidden] each
     std::vector<float> logits;               // [vocab]
   };
@@ -89,8 +93,12 @@ class PhaseContext {
   // The op table's inputs (the oracle's layer 0 on the long prompt), computed once per run:
   // phase 1, every rewrite phases 4 and 5 gate, and phase 6 run the table on them.
   const OpInputs& op_inputs();
+  // expected_stage_errors (op_table.h) of `target` on op_inputs(), computed once per distinct
+  // set of declared numerics (a rewrite that moves a stage elsewhere declares others).
+  const std::map<Stage, double>& expected_stage_errors(const StagedRunner& target);
 
  private:
+  std::map<std::string, std::map<Stage, double>> expected_stage_errors_;
   std::unique_ptr<OpInputs> op_inputs_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<OracleRunner> oracle_;
@@ -101,6 +109,9 @@ class PhaseContext {
 
 // The canonical prompts, tokenized the model's way (its family's BOS rule).
 std::vector<CanonicalPrompt> canonical_prompts(const Tokenizer& tok);
+// A passage of prose past 256 positions (cut to the model's context, less room for phase 6's
+// greedy tokens): phases 3-6 run every layer far into a context, prefill and decode.
+CanonicalPrompt long_context_prompt(const Tokenizer& tok, const ModelSpec& s);
 // All canonical prompts concatenated, capped at `cap` tokens (phases 1, 2 and the debug
 // skills want one longer sequence), and the far position RoPE is checked at (`room`
 // positions left before the model's context ends).
@@ -161,13 +172,33 @@ PhaseOutcome run_phase5_decode_opt(PhaseContext& ctx);
 void write_perf_trajectory(Deployment& dep);  // perf_opt_traj.md from phases 4 and 5's records
 PhaseOutcome run_phase6_integrate(PhaseContext& ctx);
 
+// How the gates hand a prompt to a target: its prefill in chunks of at most
+// kGatePrefillChunk tokens, as `tessera serve` prefills (scheduler.h prefill_chunk), so a
+// long prompt runs as a serving runtime runs it (npusim maps no 539-row prefill onto the
+// shim's DMA at once). Returns the last chunk's logits (all its rows when all_logits).
+constexpr int64_t kGatePrefillChunk = 64;
+std::vector<float> prefill_in_chunks(ModelRunner& r, std::span<const int32_t> ids, bool all_logits = false,
+                                     const ProbeFn& probe = {}, ProbeLevel level = ProbeLevel::None);
+
 // Greedy generation of n tokens after `prompt` from a reset runner, with each step's top-k
 // ids and the wall time of the prefill and of the decode steps (phases 6 and 7).
 struct Greedy {
   std::vector<int32_t> tokens;
   std::vector<std::vector<int32_t>> topk;
+  std::vector<std::vector<float>> topk_logits;  // the logits of topk's ids, step by step
+  std::vector<float> first_logits;              // the whole first step's logits (after the prompt)
   double prefill_s = 0, decode_s = 0;
 };
+// Whether a greedy divergence is a near-tie the numerics explain: at the first step where
+// `got` chose differently, the oracle's logit for its own token exceeds its logit for the
+// target's by `gap`, and `limit` is phase6.tie_margin x sqrt(2) x the RMS of the two sides'
+// difference on the first step's logits (same input there; phase 3 gates that difference).
+struct DivergenceTie {
+  bool diverged = false;
+  double gap = 0, limit = 0;
+  bool within() const { return !diverged || gap <= limit; }
+};
+DivergenceTie divergence_tie(const Greedy& ref, const Greedy& got, int64_t first_divergence);
 Greedy greedy(ModelRunner& r, const std::vector<int32_t>& prompt, int n, int k);
 // The same result as greedy(r, prompt, n, k) (tokens and top-k lists; one wall time, in
 // prefill_s), computed along another runner's greedy tokens `along`: while they are r's own
@@ -177,15 +208,23 @@ Greedy greedy(ModelRunner& r, const std::vector<int32_t>& prompt, int n, int k);
 // output is computed on its own); from the first step where r chooses differently it goes on
 // alone. Phase 6 runs the oracle this way beside the target.
 Greedy greedy_along(ModelRunner& r, const std::vector<int32_t>& prompt, const std::vector<int32_t>& along, int n, int k);
-// The prompts phase 6 generates from (the first phase6.prompts_min + 1 canonical ones).
+// The prompts phase 6 generates from (the first phase6.prompts_min + 1 canonical ones and the
+// long-context one).
 std::vector<CanonicalPrompt> phase6_prompts(PhaseContext& ctx);
 
 // Phase 3's gate row for one prompt on `target`, as phase 3 records it: {"ids", "text",
 // "decisive", "top1_prob", "layer_cosines", "gate"}. Phases 4 and 5 re-run it on every
 // rewritten plan; phase 5 with `last_as_decode` (the prompt's last token run as a decode
 // step, so that a rewrite of the decode pass is what the gate sees).
+// With `layer_scoped`, the record also holds the layer-scoped rows (sublayer_check.h: each
+// layer from the oracle's input, a second pass); phases 4 and 5 gate each rewrite without
+// them (plan-wide rewrites; phase 6 holds the frozen plan to them on the long prompt).
 nlohmann::json model_gate_record(PhaseContext& ctx, StagedRunner& target, const CanonicalPrompt& p,
-                                 bool last_as_decode = false);
+                                 bool last_as_decode = false, bool layer_scoped = true);
+
+// The diagnosis of a model_gate_record whose layer-scoped rows failed: the first layer and
+// sublayer (in depth) over its limit; "" when none is.
+std::string first_failing_sublayer_text(const nlohmann::json& record);
 
 // Phase 2's bisect, callable on its own: runs layer 0 with each stage in turn swapped for
 // the oracle's kernel and names the stage whose swap brings the block closest to the

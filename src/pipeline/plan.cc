@@ -32,10 +32,12 @@ std::string plan_markdown(const nlohmann::json& plan, const nlohmann::json& stat
                     integer_or(spec, "hidden", 0), integer_or(spec, "n_layers", 0), integer_or(spec, "n_heads", 0),
                     integer_or(spec, "n_kv_heads", 0), integer_or(spec, "head_dim", 0), integer_or(spec, "intermediate", 0),
                     integer_or(spec, "vocab", 0));
-  // The target line: the cpu's section (ISA, threads), else the plan's own description.
+  // The target line: the target's own section where it names an ISA and threads (a host
+  // target), else the plan's own description.
   const std::string target = plan.at("target").get<std::string>();
-  if (plan.contains("cpu"))
-    md += fmt::format("- target: {} ({}, {} threads)\n", target, plan.at("cpu").at("isa").get<std::string>(), integer(plan.at("cpu"), "threads"));
+  const nlohmann::json own = plan.value(target, nlohmann::json::object());
+  if (own.is_object() && own.contains("isa") && own.contains("threads"))
+    md += fmt::format("- target: {} ({}, {} threads)\n", target, own.at("isa").get<std::string>(), integer(own, "threads"));
   else
     md += fmt::format("- target: {}\n", plan.value("description", target));
   const nlohmann::json weights = plan.value("weights", nlohmann::json::object());

@@ -27,6 +27,34 @@ std::vector<CanonicalPrompt> canonical_prompts(const Tokenizer& tok) {
 }
 
 
+// A passage long enough that every layer runs past 256 positions (and past a sliding window
+// of that size), prefill and decode: a bug that shows only far into a context is executed.
+// Plain prose with digits, a list and a little code, written for tessera.
+constexpr const char* kLongContextText =
+    "The harbour town kept its records in a ledger that nobody had thrown away in two hundred years. Every ship "
+    "that came in was written down: its name, its cargo, the day it arrived and the day it left. In 1843 the "
+    "ledger noted forty-one ships, most of them carrying timber, salt and wool; by 1901 the number had grown to "
+    "three hundred and twelve, and the cargo had changed to coal, steel rails and tinned fish. The clerk who kept "
+    "the book in those years, a careful man named Elias Brand, added a column of his own for the weather, so that "
+    "a reader today can tell that the winter of 1895 froze the inner basin for nine days, and that the storm of "
+    "12 October 1881 sank two schooners at their moorings. When the railway reached the town, the harbour slowly "
+    "lost its trade. The ledger grew thinner: eighty ships in 1930, twenty-six in 1950, and only seven in 1968, "
+    "the last year anything was written in it. A museum now keeps the book behind glass, open at a page from "
+    "March 1887, when a ship called the Margaret Hale arrived from Lisbon with oranges, cork and a crate of "
+    "books for the school. Visitors who want to study it can ask for the scanned copy, which the museum sorted "
+    "with a short program:\n\ndef ships_per_year(rows):\n    counts = {}\n    for row in rows:\n        year = "
+    "row['arrived'][:4]\n        counts[year] = counts.get(year, 0) + 1\n    return counts\n\nThe results "
+    "match the clerk's own yearly totals in all but three years, and in each of those the difference is a ship "
+    "that arrived on the last night of December and left in January. Historians who read the weather column "
+    "side by side with the cargo lists have noticed something the clerks never wrote down directly: hard winters "
+    "were followed by springs with far more grain ships than usual, as the inland farms sold what they could not "
+    "store. The museum's guide explains this in a small room at the end of the hall, where a map shows the old "
+    "routes in red and the railway in black. Children who visit are given a card with three questions: how many "
+    "ships came in the year your grandparents were born, what did they carry, and what was the weather like on "
+    "the day they arrived? Most of them find the answers within an hour, and many come back to look again at the "
+    "page from 1887.";
+
+
 // The long position phase 1 and 2 use for RoPE: far enough that frequency scaling matters.
 int64_t long_position(const ModelSpec& s, int64_t room) {
   return std::max<int64_t>(0, std::min<int64_t>(8192, s.max_position - room - 1));
@@ -74,10 +102,23 @@ std::vector<int32_t> long_prompt(const Tokenizer& tok, size_t cap) { return conc
 std::vector<int32_t> long_prompt(PhaseContext& ctx, size_t cap) { return concatenated(ctx.prompts(), cap); }
 
 
+CanonicalPrompt long_context_prompt(const Tokenizer& tok, const ModelSpec& s) {
+  CanonicalPrompt p{"(a passage past 256 positions)", tok.encode_prompt(kLongContextText), true};
+  // Room for phase 6's greedy tokens after it, within the model's context.
+  const int64_t room = int64_t(gates::threshold("phase6.tokens")) + 1;
+  // 320 positions: past 256 with 64 rows to spare, at a bit more than half the passage's cost.
+  constexpr int64_t kPositions = 320;
+  const int64_t keep = std::max<int64_t>(1, std::min({int64_t(p.ids.size()), kPositions, s.max_position - room}));
+  p.ids.resize(size_t(keep));
+  return p;
+}
+
 std::vector<CanonicalPrompt> phase6_prompts(PhaseContext& ctx) {
   const size_t n_prompts = size_t(gates::threshold("phase6.prompts_min")) + 1;
-  const auto all = ctx.prompts();
-  return {all.begin(), all.begin() + long(std::min(n_prompts, all.size()))};
+  const auto all = ctx.prompts();  // the short ones, then the long-context one
+  std::vector<CanonicalPrompt> out(all.begin(), all.begin() + long(std::min(n_prompts, all.size() - 1)));
+  out.push_back(all.back());
+  return out;
 }
 
 }  // namespace tessera

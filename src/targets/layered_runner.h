@@ -61,11 +61,12 @@ class LayeredRunner : public StagedRunner {
   void op_add(Stage which, float* acc, const float* x, int64_t T) final;
 
   void set_output_tap(std::shared_ptr<OutputTap> tap) override { tap_ = std::move(tap); }
+  std::shared_ptr<OutputTap> output_tap() const override { return tap_; }
   void set_kernel_interceptor(std::shared_ptr<KernelInterceptor> i) override { interceptor_ = std::move(i); }
 
   // With profiling on: wall seconds spent in each stage since construction (or clear).
-  std::map<std::string, double> stage_seconds() const;
-  void clear_profile() { stage_seconds_.fill(0); }
+  std::map<std::string, double> stage_seconds() const override;
+  void clear_profile() override { stage_seconds_.fill(0); }
 
  protected:
   // Loads every layer's parameters, the final norm and the RoPE frequencies.

@@ -11,13 +11,24 @@
 
 namespace tessera {
 
-const std::vector<TargetDef>& target_defs() {
+namespace {
+std::vector<TargetDef>& target_registry() {
   // One entry per target (its header declares the *_target_def() function).
-  static const std::vector<TargetDef> defs = {
+  static std::vector<TargetDef> defs = {
       cpu_target_def(),
       npusim_target_def(),
   };
   return defs;
+}
+}  // namespace
+
+const std::vector<TargetDef>& target_defs() { return target_registry(); }
+
+void register_target(const TargetDef& def) {
+  for (const TargetDef& d : target_registry())
+    if (d.name == def.name) fail("target '{}' is already registered", def.name);
+  if (!def.make || !def.faults) fail("target '{}': a TargetDef needs make and faults", def.name);
+  target_registry().push_back(def);
 }
 
 std::vector<std::string> target_names() {

@@ -12,6 +12,8 @@ namespace tessera {
 // Registered targets in registration order ("cpu" first: the default).
 const std::vector<TargetDef>& target_defs();
 std::vector<std::string> target_names();
+// Adds a target after the built-in ones (a test's toy target); a name taken is refused.
+void register_target(const TargetDef& def);
 // For help texts: "cpu (default)", "cpu (default), npusim".
 std::string target_choices();
 const TargetDef& target_def(const std::string& target);  // throws listing the targets

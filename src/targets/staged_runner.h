@@ -14,6 +14,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -102,6 +103,7 @@ class StagedRunner : public ModelRunner {
   // output as the forward pass (or an op_* call) produced it, and may change it (the
   // perturbations of pipeline/perturb.h). nullptr: none.
   virtual void set_output_tap(std::shared_ptr<OutputTap> tap) = 0;
+  virtual std::shared_ptr<OutputTap> output_tap() const = 0;
   // The second hook: an interceptor stands in for the target's kernel of a stage, given the
   // stage's inputs and that kernel (the named faults of faults/). nullptr: none.
   virtual void set_kernel_interceptor(std::shared_ptr<KernelInterceptor> interceptor) = 0;
@@ -134,6 +136,19 @@ class StagedRunner : public ModelRunner {
   // and decode times from its timing model), as JSON for report.json; empty when the
   // target's figures are measured (the cpu).
   virtual nlohmann::json predicted_figures() const { return nlohmann::json::object(); }
+  // A modelled target's prediction of one pass as its timing model prices the lowered program:
+  // a prefill of `tokens` positions from an empty cache (decode false), or one decode step
+  // after `tokens` cached positions. {"device", "plan", "plan_description", "us",
+  // "npu_dispatches", "prediction" (every dispatch priced), "describe" (the profile table)}, and
+  // with_program "program" (what the engine runs) and "plan_spec" (the plan, whole); null for a
+  // target whose figures are measured.
+  virtual nlohmann::json predict_pass(bool decode, int64_t tokens, bool with_program = false) const {
+    return nlohmann::json();
+  }
+  // With TargetOptions::profile: wall seconds per stage since construction or clear_profile()
+  // (empty where the target keeps no such record).
+  virtual std::map<std::string, double> stage_seconds() const { return {}; }
+  virtual void clear_profile() {}
   // What the report draws of a modelled target's passes (the npusim timeline and tile maps
   // of one prefill and one decode step, from the lowered Program): {"prefill": ..., "decode":
   // ...}; empty when the target has no such model.
@@ -217,6 +232,11 @@ struct TargetDef {
   std::function<void(const nlohmann::json& plan, TargetOptions& options)> options_from_plan;
   // The optimization skills phases 4 and 5 try, in order; may be empty.
   std::function<const std::vector<OptSkill>&()> skills;
+  // Capabilities the commands above the pipeline ask for, never a target's name:
+  // `tessera serve` runs requests on it (it runs them at a useful speed, batched decode).
+  bool serves = false;
+  // Why `tessera serve` refuses it (serves false), one clause: "a modelled device ...".
+  std::string serve_refusal;
 };
 
 }  // namespace tessera

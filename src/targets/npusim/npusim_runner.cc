@@ -60,6 +60,7 @@ const std::vector<FaultInfo>& npusim_faults() {
 TargetDef npusim_target_def() {
   TargetDef d;
   d.name = "npusim";
+  d.serve_refusal = "a modelled device that predicts timings and does not run requests at a useful speed";
   d.check_options = [](const TargetOptions& t) {
     if (!t.plan_name.empty()) npusim::named_plan(t.plan_name);  // throws naming the plans
     npusim::load_device(t.device.empty() ? "xdna2" : t.device);  // throws naming the profiles
@@ -139,6 +140,22 @@ std::string NpuSimRunner::description() const {
 }
 
 std::string NpuSimRunner::isa() const { return "aie2p (modelled)"; }
+
+nlohmann::json NpuSimRunner::predict_pass(bool decode, int64_t tokens, bool with_program) const {
+  if (decode ? tokens < 0 : tokens < 1) fail("npusim predict: {} {} tokens", decode ? "a decode step after" : "a prefill of", tokens);
+  const npusim::Program program =
+      npusim::lower(plan_, spec(), device_, {decode, decode ? 1 : tokens, decode ? tokens : 0, 1}, {}, weight_formats());
+  const npusim::PassPrediction p = npusim::price(program, device_);
+  nlohmann::json j = {{"device", device_.name},        {"plan", plan_.name},
+                      {"plan_description", plan_.description}, {"us", p.total_us},
+                      {"npu_dispatches", p.npu_dispatches},    {"prediction", p.to_json()},
+                      {"describe", p.describe()}};
+  if (with_program) {
+    j["program"] = program.to_json();
+    j["plan_spec"] = plan_.to_json();
+  }
+  return j;
+}
 
 oracle::Numerics NpuSimRunner::numerics(Stage s, int64_t T, int64_t) const {
   using oracle::Precision;

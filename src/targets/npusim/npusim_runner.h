@@ -46,7 +46,8 @@ class NpuSimRunner final : public LayeredRunner {
 
   std::string target() const override { return "npusim"; }
   std::string description() const override;  // "npusim (xdna2 model, plan merged, 2 host threads)"
-  std::string isa() const override;          // "aie2p (modelled)"
+  std::string isa() const override;
+  nlohmann::json predict_pass(bool decode, int64_t tokens, bool with_program = false) const override;          // "aie2p (modelled)"
   // The array's numerics (npusim/numerics.h) where the plan places the stage on the NPU;
   // the host's fp32 where it places it on the host.
   oracle::Numerics numerics(Stage s, int64_t T, int64_t layer = 0) const override;
