@@ -3,7 +3,7 @@
 
 #include "targets/npusim/mappings.h"
 #include "targets/npusim/checker.h"
-#include "targets/npusim/examples_internal.h"
+#include "npusim_examples.h"
 #include "targets/npusim/mappings_gemm.h"
 #include "test_support.h"
 

@@ -9,7 +9,7 @@
 
 #include "targets/npusim/checker.h"
 #include "targets/npusim/engine.h"
-#include "targets/npusim/examples_internal.h"
+#include "npusim_examples.h"
 #include "targets/npusim/mappings_gemm.h"
 #include "targets/npusim/timing.h"
 #include "util/error.h"

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "targets/npusim/calibration.h"
-#include "targets/npusim/examples_internal.h"
+#include "npusim_examples.h"
 #include "targets/npusim/mappings_gemm.h"
 #include "targets/npusim/timing.h"
 #include "test_support.h"

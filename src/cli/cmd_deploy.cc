@@ -101,7 +101,7 @@ int run_deploy(const DeployArgs& a) {
                  f["decode_ms_per_token"].get<double>(), f["decode_tokens_per_s"].get<double>());
     } else if (details.contains("target_timing")) {
       const nlohmann::json& f = details["target_timing"];
-      fmt::print("measured on {} during phase 6 (short prompts; `tessera bench` measures properly): prefill {:.0f} tok/s, "
+      fmt::print("measured on {} during phase 6 (its few prompts; `tessera bench` measures properly): prefill {:.0f} tok/s, "
                  "decode {:.1f} tok/s\n",
                  o.target, f["prefill_tokens_per_s"].get<double>(), f["decode_tokens_per_s"].get<double>());
     }

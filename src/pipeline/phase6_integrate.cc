@@ -240,7 +240,7 @@ PhaseOutcome run_phase6_integrate(PhaseContext& ctx) {
   out.pass = std::all_of(out.gates.begin(), out.gates.end(), [](const GateResult& g) { return g.pass(); });
   out.details["target_timing"] = {{"prefill_tokens_per_s", prefill_s > 0 ? prefill_tokens / prefill_s : 0},
                                   {"decode_tokens_per_s", decode_s > 0 ? decode_tokens / decode_s : 0},
-                                  {"note", "short canonical prompts; `tessera bench` measures throughput properly"}};
+                                  {"note", "the phase 6 prompts (short ones and one of 320 positions); `tessera bench` measures throughput properly"}};
   out.details["op_counters"] = ctx.target().op_counters();
   if (const nlohmann::json predicted = ctx.target().predicted_figures(); !predicted.empty()) {
     out.details["target_predicted"] = predicted;

@@ -113,34 +113,26 @@ SublayerErrors sublayer_errors(PhaseContext& ctx, StagedRunner& target, const Ca
   return e;
 }
 
-namespace {
-// NaN (no far positions) never wins; a NaN error from the data itself is reported as inf.
-bool worse(double a, double b) { return !std::isnan(a) && (std::isnan(b) || a > b); }
-}  // namespace
+// The four series in the order a layer is read: each sublayer over all positions, then far.
+std::vector<SublayerErrors::Series> SublayerErrors::series() const {
+  return {{&attn, "attention", false}, {&attn_far, "attention", true}, {&mlp, "mlp", false}, {&mlp_far, "mlp", true}};
+}
 
 SublayerErrors::Worst SublayerErrors::worst() const {
   Worst w;
-  w.error = std::nan("");
-  for (size_t l = 0; l < attn.size(); ++l) {
-    const std::pair<const std::vector<double>*, std::pair<const char*, bool>> all[] = {
-        {&attn, {"attention", false}}, {&mlp, {"mlp", false}}, {&attn_far, {"attention", true}}, {&mlp_far, {"mlp", true}}};
-    for (const auto& [v, what] : all)
-      if (worse((*v)[l], w.error)) w = {int64_t(l), what.first, (*v)[l], what.second};
-  }
-  if (std::isnan(w.error)) w.error = 0;
+  for (size_t l = 0; l < attn.size(); ++l)
+    for (const Series& s : series())
+      if ((*s.errors)[l] > w.error) w = {int64_t(l), s.sublayer, (*s.errors)[l], s.far};  // NaN (no far rows) never wins
   return w;
 }
 
 SublayerErrors::Worst SublayerErrors::first_over(const SublayerLimits& limits) const {
-  for (size_t l = 0; l < attn.size(); ++l) {
-    const std::pair<const std::vector<double>*, std::pair<const char*, bool>> all[] = {
-        {&attn, {"attention", false}}, {&attn_far, {"attention", true}}, {&mlp, {"mlp", false}}, {&mlp_far, {"mlp", true}}};
-    for (const auto& [v, what] : all) {
-      const double limit = std::min(what.first[0] == 'a' ? limits.attention : limits.mlp,
-                                    gates::threshold("phase3.sublayer_error_max"));
-      if ((*v)[l] > limit) return {int64_t(l), what.first, (*v)[l], what.second};
+  const double outer = gates::threshold("phase3.sublayer_error_max");
+  for (size_t l = 0; l < attn.size(); ++l)
+    for (const Series& s : series()) {
+      const double limit = std::min(s.errors == &attn || s.errors == &attn_far ? limits.attention : limits.mlp, outer);
+      if ((*s.errors)[l] > limit) return {int64_t(l), s.sublayer, (*s.errors)[l], s.far};
     }
-  }
   return {};
 }
 

@@ -39,7 +39,13 @@ struct SublayerErrors {
     double error = 0;
     bool far = false;      // found over the far positions
   };
-  Worst worst() const;
+  Worst worst() const;  // error 0 and layer -1 when every series is empty
+  struct Series {
+    const std::vector<double>* errors;
+    const char* sublayer;
+    bool far;
+  };
+  std::vector<Series> series() const;
   // The first layer in depth order whose attention or MLP error passes its limit (layer -1 when none).
   Worst first_over(const SublayerLimits& limits) const;
   double attention_max() const;  // over every layer, all positions and the far ones

@@ -566,7 +566,7 @@ std::string target_section(const json& state, const std::optional<json>& p6, con
                                     : "");
     pre.bars.push_back(pb);
     h += "<div class=\"chart\" data-chart=\"cpu-prefill-compute\">" + render(pre) + "</div>\n";
-    h += fmt::format("<p class=\"note\">{}. Phase 6 times short canonical prompts; <code>tessera bench</code> measures "
+    h += fmt::format("<p class=\"note\">{}. Phase 6 times its few prompts (short ones and one of 320 positions); <code>tessera bench</code> measures "
                      "throughput properly.</p>\n",
                      e(str(r, "note")));
   } else {

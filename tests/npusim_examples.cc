@@ -1,4 +1,4 @@
-#include "targets/npusim/examples_internal.h"
+#include "npusim_examples.h"
 
 #include <fmt/format.h>
 
