@@ -119,6 +119,28 @@ TEST(GateSensitivity, FusedOnlyPerturbationIsCaughtByPhaseSixAndTheAudit) {
   expect_audit_passes(dir);
 }
 
+// A bug confined to one layer past the first (phase 1 runs layer 0's kernels): phase 3 runs
+// each layer from the oracle's input and names the layer and sublayer, on both targets; the
+// same perturbation in the free-running residual stream alone would barely move its cosine.
+class OneLayerSees : public ::testing::TestWithParam<std::string> {};
+TEST_P(OneLayerSees, AFivePercentGainInTheLastLayersMlpFailsPhase3NamingIt) {
+  ScratchDir out("sens_layer");
+  DeployOptions o = deploy_options(tiny_model("SmolLM2-360M"), out.str("dep"));  // 3 layers
+  o.target = GetParam();
+  o.perturbations = {"down_proj:gain:0.05:layer=2"};
+  const DeployResult r = deploy(o);
+  ASSERT_FALSE(r.pass);
+  EXPECT_EQ(r.failed_phase, 3) << r.diagnosis;
+  EXPECT_NE(r.diagnosis.find("layer 2's mlp disagrees"), std::string::npos) << r.diagnosis;
+  const nlohmann::json rec = read_json_file(out.path() / "dep" / "phase3" / "prompt_0.json");
+  const gates::GateResult g = gates::GateResult::from_json(rec["gate"]);
+  ASSERT_NE(g.check("mlp_error"), nullptr);
+  EXPECT_FALSE(g.check("mlp_error")->pass);
+  EXPECT_NEAR(g.check("mlp_error")->value, 0.05, 0.01);  // what the gain adds to layer 2's MLP contribution
+  EXPECT_TRUE(g.check("attention_error")->pass);         // layer 2's attention starts from the oracle's input
+}
+INSTANTIATE_TEST_SUITE_P(Gates, OneLayerSees, ::testing::Values("cpu", "npusim"));
+
 TEST(Perturb, SpecsParseAndBadOnesAreRefusedByName) {
   const Perturbation p = parse_perturbation("qkv_proj:gain:0.01:decode:layer=2:out=k:fused");
   EXPECT_EQ(p.stage, Stage::QkvProj);
