@@ -14,6 +14,8 @@ std::vector<Hypothesis> audit_findings(PhaseContext&, const Failure& f) {
   for (const auto& finding : f.record.value("findings", nlohmann::json::array())) {
     if (finding.value("verdict", "") != "fail") continue;
     const std::string check = finding.value("check", ""), detail = finding.value("detail", "");
+    // How the deployment was made is not a symptom to explain: `diagnose` states it first, on its own.
+    if (check == "provenance") continue;
     if (check == "op-counters" && detail.find("by the oracle") != std::string::npos)
       out.push_back({"a stage silently computed by the oracle", "oracle-fallback", "reported", detail});
     else if (check == "determinism")
