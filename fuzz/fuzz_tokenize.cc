@@ -1,4 +1,4 @@
-// Encoding arbitrary bytes with the real Llama 3 and Qwen3 tokenizers (../shared/data), and
+// Encoding arbitrary bytes with the real Llama 3 and Qwen3 tokenizers (data/tokenizers), and
 // decoding arbitrary ids. The first byte picks the tokenizer and the entry point. Text that
 // is valid UTF-8 must decode back to itself through encode_raw for llama3 (no normalizer).
 #include <cstdio>

@@ -1,5 +1,5 @@
 // Helpers the harnesses share: a private temporary directory per process (for the APIs that
-// take a path) and the data directory (../shared/data/tokenizers beside the source tree).
+// take a path) and the data directory (data/tokenizers in the source tree, fetched by scripts/setup.sh).
 #pragma once
 #include <unistd.h>
 
@@ -33,7 +33,7 @@ inline std::string_view as_view(const uint8_t* data, size_t size) {
   return std::string_view(reinterpret_cast<const char*>(data), size);
 }
 
-// TESSERA_FUZZ_TOKENIZERS overrides the compiled-in ../shared/data/tokenizers.
+// TESSERA_FUZZ_TOKENIZERS overrides the compiled-in data/tokenizers.
 inline std::string tokenizers_dir() {
   if (const char* e = std::getenv("TESSERA_FUZZ_TOKENIZERS")) return e;
   return TESSERA_FUZZ_TOKENIZERS_DIR;

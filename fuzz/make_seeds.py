@@ -2,7 +2,7 @@
 """Makes the seed corpora in fuzz/corpus/ from real files, small (the whole corpus stays
 a few hundred KB): the default model's GGUF (its first 16 KiB, and a trimmed copy whose
 tokenizer arrays and tensors are cut down), snippets of the Llama 3 and Qwen3 tokenizers in
-../shared/data/tokenizers, the chat fixtures' messages, request bodies, devices/*.json, and
+data/tokenizers, the chat fixtures' messages, request bodies, devices/*.json, and
 the plan.json / state.json of the deployments and the config.json of the synth models given.
 
     python3 fuzz/make_seeds.py [--model models/SmolLM2-135M-Instruct.Q4_1.gguf]
@@ -230,7 +230,7 @@ def manifest_seeds():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf", type=pathlib.Path)
-    ap.add_argument("--shared", default=ROOT.parent / "shared" / "data", type=pathlib.Path)
+    ap.add_argument("--shared", default=ROOT / "data", type=pathlib.Path)
     ap.add_argument("--deployment", action="append", default=[], type=pathlib.Path,
                     help="a deployment directory (plan.json, state.json); repeatable")
     ap.add_argument("--synth-model", action="append", default=[], type=pathlib.Path,

@@ -21,9 +21,9 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // The templates, verbatim. Sources:
 //  - Llama 3 (Meta-Llama-3-*-Instruct): first as first released (always appends the assistant
-//    header, whatever add_generation_prompt says; ../shared/data/tokenizers/llama3), then as
+//    header, whatever add_generation_prompt says; data/tokenizers/llama3), then as
 //    Meta later revised it (the header only with add_generation_prompt).
-//  - Qwen3 (Qwen3-0.6B and siblings, ../shared/data/tokenizers/qwen3).
+//  - Qwen3 (Qwen3-0.6B and siblings, data/tokenizers/qwen3).
 //  - Qwen2.5-*-Instruct (llama.cpp's copy of Qwen2.5-7B-Instruct's template).
 //  - SmolLM2-*-Instruct (tokenizer.chat_template of models/SmolLM2-135M-Instruct.Q4_1.gguf).
 //  - Plain ChatML: transformers' old default_chat_template, with real newlines or with "\n"
