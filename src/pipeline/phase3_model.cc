@@ -46,14 +46,9 @@ std::string first_failing_sublayer_text(const nlohmann::json& rec) {
   const auto it = rec.find("first_failing_sublayer");
   if (it == rec.end() || it->is_null()) return "";
   const nlohmann::json& f = *it;
-  const bool mlp = f["sublayer"].get<std::string>() == "mlp";
-  return fmt::format(
-      "\"{}\": layer {}'s {} disagrees with the oracle's when the layer starts from the oracle's input (relative error "
-      "{:.4f}{}), the first layer in depth that does: suspect that layer's {}, not the layers after it",
-      rec["text"].get<std::string>(), f["layer"].get<int64_t>(), f["sublayer"].get<std::string>(),
-      gates::read_json_number(f["error"]), f["far_positions"].get<bool>() ? " over positions past 256" : "",
-      mlp ? "MLP (its norm, gate/up/down weights, activation or residual add)"
-          : "attention block (its norm, q/k/v/o weights, RoPE positions, KV cache or residual add)");
+  return sublayer_diagnosis(rec["text"].get<std::string>(),
+                            {f["layer"].get<int64_t>(), f["sublayer"].get<std::string>(), gates::read_json_number(f["error"]),
+                             f["far_positions"].get<bool>()});
 }
 
 nlohmann::json model_gate_record(PhaseContext& ctx, StagedRunner& target, const CanonicalPrompt& p, bool last_as_decode,
@@ -119,8 +114,7 @@ nlohmann::json model_gate_record(PhaseContext& ctx, StagedRunner& target, const 
     const SublayerErrors sub = sublayer_errors(ctx, target, p, last_as_decode);
     const SublayerLimits limits = sublayer_limits(ctx, target);
     const SublayerErrors::Worst worst = sub.worst(), first = sub.first_over(limits);
-    g.require_derived("attention_error", sub.attention_max(), "<=", limits.attention, "phase3.sublayer_error_max");
-    g.require_derived("mlp_error", sub.mlp_max(), "<=", limits.mlp, "phase3.sublayer_error_max");
+    require_sublayer_limits(g, sub, limits);
     rec["sublayer_errors"] = sub.to_json();
     rec["worst_sublayer"] = {{"layer", worst.layer}, {"sublayer", worst.sublayer}, {"error", gates::json_number(worst.error)},
                              {"far_positions", worst.far}};

@@ -21,13 +21,11 @@ using gates::GateResult;
 
 std::vector<float> prefill_in_chunks(ModelRunner& r, std::span<const int32_t> ids, bool all_logits, const ProbeFn& probe,
                                      ProbeLevel level) {
-  std::vector<float> logits;
-  for (size_t at = 0; at < ids.size() || at == 0; at += size_t(kGatePrefillChunk)) {
-    const size_t n = std::min(ids.size() - at, size_t(kGatePrefillChunk));
-    logits = r.forward(ids.subspan(at, n), all_logits, probe, level);
-    if (ids.empty()) break;
-  }
-  return logits;
+  // Every chunk but the last runs for its cache alone; the last one's logits are the answer.
+  size_t at = 0;
+  for (; ids.size() - at > size_t(kGatePrefillChunk); at += size_t(kGatePrefillChunk))
+    r.forward(ids.subspan(at, size_t(kGatePrefillChunk)), false, probe, level);
+  return r.forward(ids.subspan(at), all_logits, probe, level);
 }
 
 namespace {
@@ -176,14 +174,8 @@ PhaseOutcome run_phase6_integrate(PhaseContext& ctx) {
     GateResult g;
     g.gate = "phase6.layers";
     g.subject = fmt::format("\"{}\" ({} tokens), each layer from the oracle's input", p.text, p.ids.size());
-    g.require_derived("attention_error", sub.attention_max(), "<=", limits.attention, "phase3.sublayer_error_max");
-    g.require_derived("mlp_error", sub.mlp_max(), "<=", limits.mlp, "phase3.sublayer_error_max");
-    const SublayerErrors::Worst first = sub.first_over(limits);
-    if (first.layer >= 0 && layers_diagnosis.empty())
-      layers_diagnosis = first_failing_sublayer_text({{"text", p.text},
-                                                      {"first_failing_sublayer",
-                                                       {{"layer", first.layer}, {"sublayer", first.sublayer},
-                                                        {"error", gates::json_number(first.error)}, {"far_positions", first.far}}}});
+    require_sublayer_limits(g, sub, limits);
+    if (layers_diagnosis.empty()) layers_diagnosis = sublayer_diagnosis(p.text, sub.first_over(limits));
     out.gates.push_back(std::move(g));
     out.details["layers"] = sub.to_json();
   }

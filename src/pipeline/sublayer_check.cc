@@ -149,6 +149,21 @@ double max_of(const std::vector<double>& a, const std::vector<double>& b) {
 double SublayerErrors::attention_max() const { return max_of(attn, attn_far); }
 double SublayerErrors::mlp_max() const { return max_of(mlp, mlp_far); }
 
+std::string sublayer_diagnosis(const std::string& prompt_text, const SublayerErrors::Worst& first) {
+  if (first.layer < 0) return "";
+  return fmt::format(
+      "\"{}\": layer {}'s {} disagrees with the oracle's when the layer starts from the oracle's input (relative error "
+      "{:.4f}{}), the first layer in depth that does: suspect that layer's {}, not the layers after it",
+      prompt_text, first.layer, first.sublayer, first.error, first.far ? " over positions past 256" : "",
+      first.sublayer == "mlp" ? "MLP (its norm, gate/up/down weights, activation or residual add)"
+                              : "attention block (its norm, q/k/v/o weights, RoPE positions, KV cache or residual add)");
+}
+
+void require_sublayer_limits(gates::GateResult& g, const SublayerErrors& errors, const SublayerLimits& limits) {
+  g.require_derived("attention_error", errors.attention_max(), "<=", limits.attention, "phase3.sublayer_error_max");
+  g.require_derived("mlp_error", errors.mlp_max(), "<=", limits.mlp, "phase3.sublayer_error_max");
+}
+
 SublayerLimits sublayer_limits(PhaseContext& ctx, const StagedRunner& target) {
   const std::map<Stage, double>& e = ctx.expected_stage_errors(target);
   auto sum = [&](std::initializer_list<Stage> stages) {

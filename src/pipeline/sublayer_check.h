@@ -53,6 +53,14 @@ struct SublayerErrors {
   nlohmann::json to_json() const;
 };
 
+// Adds the layer-scoped checks (attention_error, mlp_error: the worst layer against its
+// derived limit) to a gate row: phase 3's and phase 6's rows hold the same two.
+void require_sublayer_limits(gates::GateResult& g, const SublayerErrors& errors, const SublayerLimits& limits);
+
+// The diagnosis naming `first` (SublayerErrors::first_over) on prompt `prompt_text`; "" when
+// no layer is over its limit (layer -1).
+std::string sublayer_diagnosis(const std::string& prompt_text, const SublayerErrors::Worst& first);
+
 // Runs `p` (the last token as a decode step when last_as_decode) on `target`, teacher-forced
 // by the oracle's residual stream, and compares every layer's two contributions. The
 // target's own output tap (perturbations) stays in force, ahead of the snapping.
