@@ -121,21 +121,69 @@ void check_quantized(const WeightMatrix& w) {
          dtype_block_values(w.dtype));
 }
 
-// The portable quantized matmul (no AVX-512): the same numerics as the AVX-512 path. Each
-// row x quantized per block, one integer dot per block scaled by both scales (Highway's
-// current target, x16_gemv_rows's arithmetic bit for bit), whatever T is: a row's numbers
-// never depend on the rows beside it. A group's tiles are read once for all T rows.
-void matmul_quantized_portable(const float* x, int64_t T, const WeightMatrix& w, const float* bias, float* y,
+// Activation rows as the portable quantized kernel reads them: quantized per block (Q8Row)
+// and their two terms combined into one int16 per value; kept per calling thread, so that a
+// decode step's hundreds of calls allocate nothing.
+struct PortableRows {
+  std::vector<Q8Row> q;
+  std::vector<int16_t> terms;  // [T][K]
+  std::vector<const Q8Row*> q_rows;
+  std::vector<const int16_t*> term_rows;
+  void prepare(const float* x, int64_t T, int64_t K, ThreadPool& pool) {
+    if (q.size() < size_t(T)) q.resize(size_t(T));
+    if (terms.size() < size_t(T * K)) terms.resize(size_t(T * K));
+    q_rows.resize(size_t(T));
+    term_rows.resize(size_t(T));
+    for (int64_t t = 0; t < T; ++t) {
+      q_rows[size_t(t)] = &q[size_t(t)];
+      term_rows[size_t(t)] = terms.data() + t * K;
+    }
+    pool.parallel_for(T, [this, x, K](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        q[size_t(t)].quantize(x + t * K, K);
+        combine_terms_hwy(q[size_t(t)], terms.data() + t * K);
+      }
+    });
+  }
+};
+
+// One quantized matrix on the portable path (no AVX-512 BF16): every row exactly as the
+// one-row GEMV computes it (x16_gemv_rows's arithmetic, Highway's current target), whatever T
+// is, so a row's numbers never depend on the rows beside it; each tile group's chunks are
+// unpacked once for up to kMaxGemvRows rows. Work items are (rows tile, tile group), handed
+// out largest first (a noisy core finishes late by a small chunk, not half the matrix).
+void matmul_quantized_portable(const PortableRows& x, int64_t T, const WeightMatrix& w, const float* bias, float* y,
                                ThreadPool& pool) {
-  const int64_t N = w.rows, K = w.cols, groups = (N + kTileRows - 1) / kTileRows;
-  std::vector<Q8Row> xq(static_cast<size_t>(T));
-  pool.parallel_for(T, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) xq[size_t(t)].quantize(x + t * K, K);
-  });
-  pool.parallel_for(groups, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g)
-      for (int64_t t = 0; t < T; ++t) gemv_x16_hwy(xq[size_t(t)], w, bias, y + t * N, g, g + 1);
-  });
+  const int64_t N = w.rows, groups = (N + kTileRows - 1) / kTileRows;
+  const int64_t row_tiles = (T + kMaxGemvRows - 1) / kMaxGemvRows;
+  pool.parallel_for_guided(
+      row_tiles * groups,
+      [&](int64_t b, int64_t e) {
+        float* ys[kMaxGemvRows];
+        while (b < e) {
+          const int64_t tile = b / groups, g0 = b % groups, g1 = std::min(groups, g0 + (e - b));
+          const int64_t t0 = tile * kMaxGemvRows, rows = std::min(kMaxGemvRows, T - t0);
+          for (int64_t r = 0; r < rows; ++r) ys[r] = y + (t0 + r) * N;
+          gemm_x16_hwy(x.q_rows.data() + t0, x.term_rows.data() + t0, int(rows), w, bias, ys, g0, g1);
+          b += g1 - g0;
+        }
+      },
+      1);
+}
+
+// matmul_shared_input off the AVX-512 BF16 path: x prepared once for all the quantized
+// matrices; bf16 ones on Highway's GEMM.
+void matmul_portable(const float* x, int64_t T, std::span<const MatmulOut> outs, ThreadPool& pool) {
+  thread_local PortableRows rows_of_this_thread;
+  PortableRows* rows = nullptr;  // the caller's (a thread_local named in the workers is theirs)
+  for (const MatmulOut& o : outs) {
+    if (o.w->quantized()) {
+      if (!rows) (rows = &rows_of_this_thread)->prepare(x, T, o.w->cols, pool);
+      matmul_quantized_portable(*rows, T, *o.w, o.bias, o.y, pool);
+    } else {
+      matmul_hwy(x, T, o.w->bf16(), o.bias, o.y, pool);
+    }
+  }
 }
 
 }  // namespace
@@ -154,10 +202,9 @@ void matmul(const float* x, int64_t T, const WeightMatrix& w, const float* bias,
   if (use_avx512bf16()) {
     const MatmulOut out{&w, bias, y};
     matmul_avx512bf16(x, T, std::span<const MatmulOut>(&out, 1), pool, blocking);
-  } else if (w.quantized()) {
-    matmul_quantized_portable(x, T, w, bias, y, pool);
   } else {
-    matmul_hwy(x, T, w.bf16(), bias, y, pool);
+    const MatmulOut out{&w, bias, y};
+    matmul_portable(x, T, std::span<const MatmulOut>(&out, 1), pool);
   }
 }
 
@@ -168,10 +215,11 @@ void matmul_shared_input(const float* x, int64_t T, std::span<const MatmulOut> o
     if (o.w->cols != K) fail("matmul_shared_input: matrices of {} and {} columns share one input", K, o.w->cols);
     if (o.w->quantized()) check_quantized(*o.w);
   }
-  if (T <= 0 || K <= 0 || !use_avx512bf16()) {
+  if (T <= 0 || K <= 0) {
     for (const MatmulOut& o : outs) matmul(x, T, *o.w, o.bias, o.y, pool, blocking);
     return;
   }
+  if (!use_avx512bf16()) return matmul_portable(x, T, outs, pool);
   matmul_avx512bf16(x, T, outs, pool, blocking);
 }
 
@@ -183,11 +231,18 @@ void matmul_rows(const float* x, int64_t T, std::span<const MatmulOut> outs, Thr
     if (o.w->quantized()) check_quantized(*o.w);
   }
   if (K > 0 && use_avx512bf16()) return matmul_rows_avx512bf16(x, T, outs, pool);
-  std::vector<MatmulOut> row(outs.begin(), outs.end());
-  for (int64_t t = 0; t < T; ++t) {
-    for (size_t i = 0; i < outs.size(); ++i) row[i].y = outs[i].y + t * outs[i].w->rows;
-    matmul_shared_input(x + t * K, 1, row, pool);
+  if (K <= 0) return matmul_shared_input(x, T, outs, pool);
+  // The portable path: quantized matrices take all T rows in one pass (each row the one-row
+  // GEMV's numbers, as for prefill); bf16 ones run the one-row GEMV row by row.
+  std::vector<MatmulOut> quantized;
+  for (const MatmulOut& o : outs) {
+    if (o.w->quantized()) {
+      quantized.push_back(o);
+      continue;
+    }
+    for (int64_t t = 0; t < T; ++t) matmul_hwy(x + t * K, 1, o.w->bf16(), o.bias, o.y + t * o.w->rows, pool);
   }
+  if (!quantized.empty()) matmul_portable(x, T, quantized, pool);
 }
 
 // ---------------------------------------------------------------- element-wise kernels

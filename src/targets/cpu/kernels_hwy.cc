@@ -680,24 +680,30 @@ void AttnRows(const float* const* q_rows, float* const* out_rows, const int64_t*
 
 int64_t F32Lanes() { return int64_t(hn::Lanes(DF())); }
 
-// ---------------------------------------------------------------- quantized GEMV
-// The portable twin of the AVX-512 VNNI GEMV, computing exactly what x16_gemv_rows
-// (cpu/quant.cc) computes, bit for bit: per row and 32-value chunk (16 for Q6_K), the
-// integer dots of the stored bytes with x's hi and lo terms (the weights' offset taken out
-// with x's sums), then the same fp32 operations in the same order; only the rows run in
-// parallel lanes. A tile's value vector holds four values of each of 16 rows per 32-bit
-// lane: widened to i16, a widening pairwise multiply-add (pmaddwd on x86) against x's four
-// values repeated sums each row's values in two i32 lanes, which one ConcatEven + ConcatOdd
-// per chunk folds into one lane per row. Products fit (255 x 127 x 2 < 2^31 per pair, a
-// chunk's sum < 2^21), so the dots are exact on every target.
+// ---------------------------------------------------------------- quantized GEMM
+// The portable quantized kernel for R activation rows at once (a decode GEMV: R = 1; a
+// batched decode step or a prefill tile: up to kMaxGemvRows), each row exactly what
+// x16_gemv_rows (cpu/quant.cc) computes for it alone, bit for bit, whatever R is: per row and
+// 32-value chunk (16 for Q6_K), the integer dot of the stored bytes with x's terms as one
+// int16 per value (Q8Row::term; the weights' offset taken out with x's sums), then the same
+// fp32 operations in the same order; only the 16 weight rows of a tile run in parallel lanes.
+// A chunk's value vectors (four values of each of 16 rows per 32-bit lane) are unpacked to
+// i16 once per call and serve every activation row: a widening pairwise multiply-add
+// (pmaddwd on x86) against a row's four terms repeated sums each weight row's products in two
+// i32 lanes, which one ConcatEven + ConcatOdd per chunk folds into one lane per row. The dots
+// are exact on every target (a pair's products < 2^25, a chunk's dot < 2^31: Q8Row::dot_value).
 #if HWY_TARGET != HWY_SCALAR
 using DI16 = hn::ScalableTag<int16_t>;
 using DI32 = hn::Repartition<int32_t, DI16>;
 using DU8H = hn::Rebind<uint8_t, DI16>;  // the bytes one i16 vector widens
+using DI8H = hn::Rebind<int8_t, DI16>;
 using DU64 = hn::Repartition<uint64_t, DI16>;
 using VI16 = hn::Vec<DI16>;
 using VI32 = hn::Vec<DI32>;
 constexpr int kMaxParts = 8;  // 64-byte value vector / the narrowest (128-bit) i16 vector
+// Activation rows that share each load of an unpacked weight vector: as many as keep the
+// rows' i32 sums (parts per value vector of each) in registers beside it.
+constexpr int RowsPerPass(size_t parts) { return parts <= 2 ? 4 : parts <= 4 ? 3 : 1; }
 
 // The stored bytes (value + offset, high bits included) of value vector v of chunk j, the
 // `at`-th byte onward (Lanes(DI16) of them: Lanes / 4 rows), as i16.
@@ -720,6 +726,46 @@ HWY_INLINE VI16 ValuePart(const uint8_t* tile, int j, int v, size_t at) {
   return q;
 }
 
+// Chunk j's eight value vectors as i16, [v][64].
+template <DType kType>
+HWY_INLINE void UnpackChunk(const uint8_t* tile, int j, int16_t* out) {
+  const DI16 d16;
+  const size_t N16 = hn::Lanes(d16);
+  for (int v = 0; v < 8; ++v)
+    for (size_t at = 0; at < 64; at += N16) hn::Store(ValuePart<kType>(tile, j, v, at), d16, out + v * 64 + at);
+}
+
+// RT rows' integer dots of value vectors [v0, v1) of an unpacked chunk: row t's terms at
+// a[t] (the chunk's first value), its dots in dots[t][f] (lane i: weight row f * NF + i).
+template <int RT>
+HWY_INLINE void ChunkDots(const int16_t* wq, int v0, int v1, const int16_t* const* a, VI32 (*dots)[kMaxParts / 2]) {
+  const DI16 d16;
+  const DI32 d32;
+  const DU64 d64;
+  const size_t N16 = hn::Lanes(d16), P = 64 / N16;
+  VI32 s0[RT][kMaxParts], s1[RT][kMaxParts];
+  for (int t = 0; t < RT; ++t)
+    for (size_t s = 0; s < P; ++s) s0[t][s] = s1[t][s] = hn::Zero(d32);
+  for (int v = v0; v < v1; ++v) {
+    VI16 av[RT];  // row t's four terms of vector v, repeated
+    for (int t = 0; t < RT; ++t) {
+      uint64_t p;
+      std::memcpy(&p, a[t] + 4 * v, 8);
+      av[t] = hn::BitCast(d16, hn::Set(d64, p));
+    }
+    for (size_t s = 0; s < P; ++s) {
+      const VI16 q = hn::Load(d16, wq + v * 64 + s * N16);
+      for (int t = 0; t < RT; ++t) s0[t][s] = hn::ReorderWidenMulAccumulate(d32, q, av[t], s0[t][s], s1[t][s]);
+    }
+  }
+  for (int t = 0; t < RT; ++t)
+    for (size_t f = 0; f < P / 2; ++f) {
+      const VI32 h0 = hn::RearrangeToOddPlusEven(s0[t][2 * f], s1[t][2 * f]);
+      const VI32 h1 = hn::RearrangeToOddPlusEven(s0[t][2 * f + 1], s1[t][2 * f + 1]);
+      dots[t][f] = hn::Add(hn::ConcatEven(d32, h1, h0), hn::ConcatOdd(d32, h1, h0));
+    }
+}
+
 // Per-row bytes (16 of them, f of the float vectors' share) as floats: Q4_K's unsigned
 // scales and mins, Q6_K's signed scales.
 template <typename T>
@@ -733,114 +779,148 @@ HWY_INLINE VF HalfF32(const uint8_t* p) {
   return hn::PromoteTo(DF(), hn::LoadU(hn::Rebind<hwy::float16_t, DF>(), reinterpret_cast<const hwy::float16_t*>(p)));
 }
 
-// No fused multiply-add: the same roundings as x16_gemv_rows, compiled for the baseline ISA.
+// One chunk (or Q6_K half) of RT rows: their dots, the weights' offset taken out, as fp32,
+// times the chunk's scale and the row's x scale, added to the row's accumulator acc[t]
+// (16 floats). Inlined into GemmX16T, whose fp-contract=off keeps these roundings apart.
+template <DType kType, int RT>
+HWY_INLINE void ChunkRows(const int16_t* wq, int v0, int v1, const int16_t* const* a, const Q8Row* const* x,
+                          int64_t xb, int h, const VF* scale, float* const* acc) {
+  constexpr bool kHalves = kType == DType::Q6_K;
+  constexpr int32_t kOffset = x16_layout(kType).offset;
+  const DF df;
+  const DI32 d32;
+  const size_t NF = hn::Lanes(df), F = 16 / NF;
+  VI32 dots[RT][kMaxParts / 2];
+  ChunkDots<RT>(wq, v0, v1, a, dots);
+  const VF inv = hn::Set(df, 1.0f / Q8Row::kLoScale);
+  for (int t = 0; t < RT; ++t) {
+    const int32_t sum = kHalves ? x[t]->term_sum(2 * xb + h) : x[t]->term_sum(2 * xb) + x[t]->term_sum(2 * xb + 1);
+    const VI32 off = hn::Set(d32, -kOffset * sum);
+    const VF xd = hn::Set(df, x[t]->d[size_t(xb)]);
+    for (size_t f = 0; f < F; ++f) {
+      const VF dot = hn::Mul(hn::ConvertTo(df, hn::Add(dots[t][f], off)), inv);  // Q8Row::dot_value
+      float* at = acc[t] + f * NF;
+      hn::Store(hn::Add(hn::Load(df, at), hn::Mul(dot, hn::Mul(scale[f], xd))), df, at);
+    }
+  }
+}
+
 template <DType kType>
-__attribute__((optimize("fp-contract=off"))) HWY_NOINLINE void GemvX16T(const Q8Row& x, const int16_t* xh,
-                                                                         const int16_t* xl, const uint8_t* tiles,
-                                                                         int64_t N, int64_t K, const float* bias,
-                                                                         float* y, int64_t g0, int64_t g1) {
+__attribute__((optimize("fp-contract=off"))) HWY_NOINLINE void GemmX16T(const Q8Row* const* x,
+                                                                         const int16_t* const* a, int R,
+                                                                         const uint8_t* tiles, int64_t N, int64_t K,
+                                                                         const float* bias, float* const* y,
+                                                                         int64_t g0, int64_t g1) {
   constexpr X16Layout L = x16_layout(kType);
   constexpr int kChunks = int(L.values / 32);
   constexpr bool kHalves = kType == DType::Q6_K;  // a scale per 16 values
-  constexpr int32_t kOffset = L.offset;
-  const DI16 d16;
-  const DI32 d32;
   const DF df;
-  const DU64 d64;
-  const size_t N16 = hn::Lanes(d16), NF = hn::Lanes(df);
-  const size_t P = 64 / N16, F = P / 2;  // i16 parts of a value vector; float vectors of 16 rows
+  const size_t NF = hn::Lanes(df), F = 16 / NF;
+  const int rt = RowsPerPass(64 / hn::Lanes(DI16()));
   const int64_t blocks = K / L.values;
-  const VF inv_lo = hn::Set(df, 1.0f / Q8Row::kLoScale);
+  alignas(64) int16_t wq[8 * 64];
+  alignas(64) float acc_buf[kMaxGemvRows][2][kTileRows];  // per row: the sum, the min term's sum
+  float* acc[kMaxGemvRows];
+  float* acc_min[kMaxGemvRows];
+  for (int t = 0; t < R; ++t) {
+    acc[t] = acc_buf[t][0];
+    acc_min[t] = acc_buf[t][1];
+  }
   for (int64_t g = g0; g < g1; ++g) {
+    std::memset(acc_buf, 0, sizeof(float) * 2 * kTileRows * size_t(R));
     const uint8_t* tile = tiles + g * blocks * L.bytes;
-    VF acc[kMaxParts / 2], acc_min[kMaxParts / 2];
-    for (size_t f = 0; f < F; ++f) acc[f] = acc_min[f] = hn::Zero(df);
     for (int64_t b = 0; b < blocks; ++b, tile += L.bytes) {
       VF d[kMaxParts / 2];
       for (size_t f = 0; f < F; ++f) d[f] = HalfF32(tile + 2 * f * NF);
       for (int j = 0; j < kChunks; ++j) {
         const int64_t xb = b * kChunks + j;  // x's 32-value block
-        const float xd = x.d[size_t(xb)];
+        UnpackChunk<kType>(tile, j, wq);
         for (int h = 0; h < (kHalves ? 2 : 1); ++h) {
-          VI32 sh[kMaxParts], sh1[kMaxParts], sl[kMaxParts], sl1[kMaxParts];
-          for (size_t s = 0; s < P; ++s) sh[s] = sh1[s] = sl[s] = sl1[s] = hn::Zero(d32);
-          const int v0 = kHalves ? 4 * h : 0, v1 = kHalves ? v0 + 4 : 8;
-          for (int v = v0; v < v1; ++v) {
-            uint64_t ph, pl;  // x's four values of vector v, as i16
-            std::memcpy(&ph, xh + xb * 32 + 4 * v, 8);
-            std::memcpy(&pl, xl + xb * 32 + 4 * v, 8);
-            const VI16 vh = hn::BitCast(d16, hn::Set(d64, ph)), vl = hn::BitCast(d16, hn::Set(d64, pl));
-            for (size_t s = 0; s < P; ++s) {
-              const VI16 q = ValuePart<kType>(tile, j, v, s * N16);
-              sh[s] = hn::ReorderWidenMulAccumulate(d32, q, vh, sh[s], sh1[s]);
-              sl[s] = hn::ReorderWidenMulAccumulate(d32, q, vl, sl[s], sl1[s]);
-            }
-          }
-          const int32_t* s16h = x.sum_hi.data() + 2 * xb;
-          const int32_t* s16l = x.sum_lo.data() + 2 * xb;
-          const int32_t off_h = -kOffset * (kHalves ? s16h[h] : s16h[0] + s16h[1]);
-          const int32_t off_l = -kOffset * (kHalves ? s16l[h] : s16l[0] + s16l[1]);
+          VF scale[kMaxParts / 2];
           for (size_t f = 0; f < F; ++f) {
-            const VI32 h0 = hn::RearrangeToOddPlusEven(sh[2 * f], sh1[2 * f]);
-            const VI32 h1 = hn::RearrangeToOddPlusEven(sh[2 * f + 1], sh1[2 * f + 1]);
-            const VI32 l0 = hn::RearrangeToOddPlusEven(sl[2 * f], sl1[2 * f]);
-            const VI32 l1 = hn::RearrangeToOddPlusEven(sl[2 * f + 1], sl1[2 * f + 1]);
-            const VI32 dot_hi = hn::Add(hn::Add(hn::ConcatEven(d32, h1, h0), hn::ConcatOdd(d32, h1, h0)), hn::Set(d32, off_h));
-            const VI32 dot_lo = hn::Add(hn::Add(hn::ConcatEven(d32, l1, l0), hn::ConcatOdd(d32, l1, l0)), hn::Set(d32, off_l));
-            const VF dot = hn::Add(hn::ConvertTo(df, dot_hi), hn::Mul(hn::ConvertTo(df, dot_lo), inv_lo));
-            VF scale = d[f];
-            if constexpr (x16_k_scales(kType))
-              scale = hn::Mul(d[f], BytesF32(tile + L.sc + j * 16 + f * NF));
+            scale[f] = d[f];
+            if constexpr (x16_k_scales(kType)) scale[f] = hn::Mul(d[f], BytesF32(tile + L.sc + j * 16 + f * NF));
             if constexpr (kType == DType::Q6_K)
-              scale = hn::Mul(d[f], BytesF32(reinterpret_cast<const int8_t*>(tile + L.sc + (2 * j + h) * 16 + f * NF)));
-            acc[f] = hn::Add(acc[f], hn::Mul(dot, hn::Mul(scale, hn::Set(df, xd))));
+              scale[f] = hn::Mul(d[f], BytesF32(reinterpret_cast<const int8_t*>(tile + L.sc + (2 * j + h) * 16 + f * NF)));
           }
+          const int v0 = kHalves ? 4 * h : 0, v1 = kHalves ? v0 + 4 : 8;
+          const int16_t* at[kMaxGemvRows];
+          for (int t = 0; t < R; ++t) at[t] = a[t] + xb * 32;
+          int t = 0;
+          if (rt >= 4)
+            for (; t + 4 <= R; t += 4) ChunkRows<kType, 4>(wq, v0, v1, at + t, x + t, xb, h, scale, acc + t);
+          if (rt >= 3)
+            for (; t + 3 <= R; t += 3) ChunkRows<kType, 3>(wq, v0, v1, at + t, x + t, xb, h, scale, acc + t);
+          if (rt >= 2)
+            for (; t + 2 <= R; t += 2) ChunkRows<kType, 2>(wq, v0, v1, at + t, x + t, xb, h, scale, acc + t);
+          for (; t < R; ++t) ChunkRows<kType, 1>(wq, v0, v1, at + t, x + t, xb, h, scale, acc + t);
         }
         if constexpr (x16_has_min(kType) || x16_k_scales(kType)) {
-          const VF xsum = hn::Set(df, xd * x.block_sum(xb));
           for (size_t f = 0; f < F; ++f) {
             VF m;
             if constexpr (x16_has_min(kType)) m = HalfF32(tile + L.m + 2 * f * NF);
             else m = hn::Neg(hn::Mul(HalfF32(tile + 32 + 2 * f * NF), BytesF32(tile + L.m + j * 16 + f * NF)));
-            acc_min[f] = hn::Add(acc_min[f], hn::Mul(m, xsum));
+            for (int t = 0; t < R; ++t) {
+              const VF xsum = hn::Set(df, x[t]->d[size_t(xb)] * x[t]->block_sum(xb));
+              float* am = acc_min[t] + f * NF;
+              hn::Store(hn::Add(hn::Load(df, am), hn::Mul(m, xsum)), df, am);
+            }
           }
         }
       }
     }
     const int64_t n = g * kTileRows, rows = std::min<int64_t>(kTileRows, N - n);
-    alignas(64) float out[kTileRows];
-    for (size_t f = 0; f < F; ++f) hn::Store(hn::Add(acc[f], acc_min[f]), df, out + f * NF);
-    for (int64_t i = 0; i < rows; ++i) y[n + i] = bias ? out[i] + bias[n + i] : out[i];
+    for (int t = 0; t < R; ++t)
+      for (int64_t i = 0; i < rows; ++i) {
+        const float v = acc[t][i] + acc_min[t][i];
+        y[t][n + i] = bias ? v + bias[n + i] : v;
+      }
   }
+}
+
+void CombineTerms(const int8_t* hi, const int8_t* lo, int64_t n, int16_t* a) {
+  const DI16 d16;
+  const DI8H d8;
+  const int64_t N = int64_t(hn::Lanes(d16));
+  int64_t i = 0;
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::Add(hn::Mul(hn::PromoteTo(d16, hn::LoadU(d8, hi + i)), hn::Set(d16, int16_t(254))),
+                       hn::PromoteTo(d16, hn::LoadU(d8, lo + i))),
+               d16, a + i);
+  for (; i < n; ++i) a[i] = int16_t(hi[i] * 254 + lo[i]);
+}
+#else
+void CombineTerms(const int8_t* hi, const int8_t* lo, int64_t n, int16_t* a) {
+  for (int64_t i = 0; i < n; ++i) a[i] = int16_t(hi[i] * 254 + lo[i]);
 }
 #endif  // HWY_TARGET != HWY_SCALAR
 
-void GemvX16(const Q8Row* x, const WeightMatrix* w, const float* bias, float* y, int64_t g0, int64_t g1) {
+void GemmX16(const Q8Row* const* x, const int16_t* const* a, int R, const WeightMatrix* w, const float* bias,
+             float* const* y, int64_t g0, int64_t g1) {
   const int64_t N = w->rows, K = w->cols;
 #if HWY_TARGET != HWY_SCALAR
-  if (64 / hn::Lanes(DI16()) <= size_t(kMaxParts) && hn::Lanes(DI16()) <= 32) {
-    // x's terms widened once per call (the kernel broadcasts four of them at a time).
-    thread_local std::vector<int16_t> xh, xl;
-    xh.assign(x->hi.begin(), x->hi.end());
-    xl.assign(x->lo.begin(), x->lo.end());
+  if (64 / hn::Lanes(DI16()) <= size_t(kMaxParts) && hn::Lanes(DI16()) <= 32 && R <= kMaxGemvRows) {
     switch (w->dtype) {
-      case DType::Q4_0: return GemvX16T<DType::Q4_0>(*x, xh.data(), xl.data(), w->tiles(), N, K, bias, y, g0, g1);
-      case DType::Q4_1: return GemvX16T<DType::Q4_1>(*x, xh.data(), xl.data(), w->tiles(), N, K, bias, y, g0, g1);
-      case DType::Q5_0: return GemvX16T<DType::Q5_0>(*x, xh.data(), xl.data(), w->tiles(), N, K, bias, y, g0, g1);
-      case DType::Q5_1: return GemvX16T<DType::Q5_1>(*x, xh.data(), xl.data(), w->tiles(), N, K, bias, y, g0, g1);
-      case DType::Q5_K: return GemvX16T<DType::Q5_K>(*x, xh.data(), xl.data(), w->tiles(), N, K, bias, y, g0, g1);
-      case DType::Q8_0: return GemvX16T<DType::Q8_0>(*x, xh.data(), xl.data(), w->tiles(), N, K, bias, y, g0, g1);
-      case DType::Q4_K: return GemvX16T<DType::Q4_K>(*x, xh.data(), xl.data(), w->tiles(), N, K, bias, y, g0, g1);
-      case DType::Q6_K: return GemvX16T<DType::Q6_K>(*x, xh.data(), xl.data(), w->tiles(), N, K, bias, y, g0, g1);
+      case DType::Q4_0: return GemmX16T<DType::Q4_0>(x, a, R, w->tiles(), N, K, bias, y, g0, g1);
+      case DType::Q4_1: return GemmX16T<DType::Q4_1>(x, a, R, w->tiles(), N, K, bias, y, g0, g1);
+      case DType::Q5_0: return GemmX16T<DType::Q5_0>(x, a, R, w->tiles(), N, K, bias, y, g0, g1);
+      case DType::Q5_1: return GemmX16T<DType::Q5_1>(x, a, R, w->tiles(), N, K, bias, y, g0, g1);
+      case DType::Q5_K: return GemmX16T<DType::Q5_K>(x, a, R, w->tiles(), N, K, bias, y, g0, g1);
+      case DType::Q8_0: return GemmX16T<DType::Q8_0>(x, a, R, w->tiles(), N, K, bias, y, g0, g1);
+      case DType::Q4_K: return GemmX16T<DType::Q4_K>(x, a, R, w->tiles(), N, K, bias, y, g0, g1);
+      case DType::Q6_K: return GemmX16T<DType::Q6_K>(x, a, R, w->tiles(), N, K, bias, y, g0, g1);
       default: break;
     }
   }
 #endif
+  (void)a;
   // A target too narrow (HWY_SCALAR) or too wide for the lane arithmetic above: the plain loops.
   const int64_t r0 = g0 * kTileRows, r1 = std::min(N, g1 * kTileRows);
-  x16_gemv_rows(*x, w->dtype, w->tiles(), K, r0, r1, y);
-  if (bias)
-    for (int64_t r = r0; r < r1; ++r) y[r] += bias[r];
+  for (int t = 0; t < R; ++t) {
+    x16_gemv_rows(*x[t], w->dtype, w->tiles(), K, r0, r1, y[t]);
+    if (bias)
+      for (int64_t r = r0; r < r1; ++r) y[t][r] += bias[r];
+  }
 }
 
 }  // namespace HWY_NAMESPACE
@@ -861,7 +941,8 @@ HWY_EXPORT(AttnChunk);
 HWY_EXPORT(KTranspose);
 HWY_EXPORT(AttnRows);
 HWY_EXPORT(F32Lanes);
-HWY_EXPORT(GemvX16);
+HWY_EXPORT(GemmX16);
+HWY_EXPORT(CombineTerms);
 HWY_EXPORT(QuantizeQ8);
 
 void matmul_hwy(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool) {
@@ -893,8 +974,12 @@ void attn_rows_hwy(const float* const* q_rows, float* const* out_rows, const int
   HWY_DYNAMIC_DISPATCH(AttnRows)(q_rows, out_rows, limit, R, kt, ld, v, hd, scale);
 }
 int64_t f32_lanes_hwy() { return HWY_DYNAMIC_DISPATCH(F32Lanes)(); }
-void gemv_x16_hwy(const Q8Row& x, const WeightMatrix& w, const float* bias, float* y, int64_t g0, int64_t g1) {
-  HWY_DYNAMIC_DISPATCH(GemvX16)(&x, &w, bias, y, g0, g1);
+void gemm_x16_hwy(const Q8Row* const* x, const int16_t* const* a, int R, const WeightMatrix& w, const float* bias,
+                  float* const* y, int64_t g0, int64_t g1) {
+  HWY_DYNAMIC_DISPATCH(GemmX16)(x, a, R, &w, bias, y, g0, g1);
+}
+void combine_terms_hwy(const Q8Row& x, int16_t* a) {
+  HWY_DYNAMIC_DISPATCH(CombineTerms)(x.hi.data(), x.lo.data(), int64_t(x.hi.size()), a);
 }
 
 void quantize_q8_hwy(const float* x, int64_t blocks, float* d, int32_t* sum_hi, int32_t* sum_lo, int8_t* hi,

@@ -78,10 +78,15 @@ void k_transpose_hwy(const uint16_t* k, const uint16_t* v, int64_t hd, int64_t n
 void attn_rows_hwy(const float* const* q_rows, float* const* out_rows, const int64_t* limit, int R, const float* kt,
                    int64_t ld, const float* v, int64_t hd, float scale);
 int64_t f32_lanes_hwy();
-// The quantized decode GEMV on x16 tiles (cpu/quant.h) for the row groups [g0, g1) of 16
-// (y and bias indexed by row; rows past w.rows not written): x16_gemv_rows's arithmetic bit
-// for bit, the rows in vector lanes.
-void gemv_x16_hwy(const Q8Row& x, const WeightMatrix& w, const float* bias, float* y, int64_t g0, int64_t g1);
+// The portable quantized kernel on x16 tiles (cpu/quant.h) for R <= kMaxGemvRows activation
+// rows: y[r][n] = w[n] . x[r] (+ bias[n]) for the weight rows of tile groups [g0, g1) (rows
+// past w.rows not written), a[r] = combine_terms_hwy(x[r]). Each row is x16_gemv_rows's
+// arithmetic bit for bit, whatever R is; each chunk of a tile is unpacked once for all R rows.
+void gemm_x16_hwy(const Q8Row* const* x, const int16_t* const* a, int R, const WeightMatrix& w, const float* bias,
+                  float* const* y, int64_t g0, int64_t g1);
+// x's terms as one int16 per value (Q8Row::term), what gemm_x16_hwy multiplies: a holds
+// x.hi.size() values.
+void combine_terms_hwy(const Q8Row& x, int16_t* a);
 // Q8Row::quantize's work on `blocks` 32-value blocks of x (its arrays sized by the caller).
 void quantize_q8_hwy(const float* x, int64_t blocks, float* d, int32_t* sum_hi, int32_t* sum_lo, int8_t* hi,
                      int8_t* lo);

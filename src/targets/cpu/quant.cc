@@ -238,21 +238,15 @@ void x16_gemv_rows(const Q8Row& x, DType t, const uint8_t* tiles, int64_t cols, 
       const float d = f16_to_f32(load_u16(tile + 2 * i));
       for (int k0 = 0; k0 < n; k0 += group) {
         const int64_t xk = b * n + k0, xb = xk / kQBlock;  // x's value index and 32-value block
-        int32_t dot_hi = -off * x.sum_hi[size_t(xk / 16)], dot_lo = -off * x.sum_lo[size_t(xk / 16)];
-        if (group == 32) {
-          dot_hi -= off * x.sum_hi[size_t(xk / 16 + 1)];
-          dot_lo -= off * x.sum_lo[size_t(xk / 16 + 1)];
-        }
-        for (int k = k0; k < k0 + group; ++k) {
-          const int v = stored_value(t, tile, L, i, k);
-          dot_hi += v * x.hi[size_t(b * n + k)];
-          dot_lo += v * x.lo[size_t(b * n + k)];
-        }
+        int32_t dot = -off * x.term_sum(xk / 16);
+        if (group == 32) dot -= off * x.term_sum(xk / 16 + 1);
+        for (int k = k0; k < k0 + group; ++k)
+          dot += stored_value(t, tile, L, i, k) * x.term(b * n + k);
         float scale = d;
         if (x16_k_scales(t)) scale = d * float(tile[L.sc + (k0 / 32) * 16 + i]);
         if (t == DType::Q6_K) scale = d * float(int8_t(tile[L.sc + (k0 / 16) * 16 + i]));
         const float xd = x.d[size_t(xb)];
-        acc += (float(dot_hi) + float(dot_lo) * (1.0f / Q8Row::kLoScale)) * (scale * xd);
+        acc += Q8Row::dot_value(dot) * (scale * xd);
         if (x16_has_min(t) || x16_k_scales(t)) {
           const float xsum = x.block_sum(xb);
           const bool k_quant = x16_k_scales(t);

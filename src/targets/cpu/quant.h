@@ -105,16 +105,26 @@ struct Q8Row {
   void quantize_blocks(const float* x, int64_t b0, int64_t b1);
   void quantize_plain(const float* x, int64_t cols);  // the plain loop, which states the arithmetic
   void resize(int64_t cols);
+  // Value k's two terms as one integer, 254 hi + lo (|.| <= 32385, an int16): one
+  // integer product per weight carries both terms' (x / d * 254, exactly as quantized).
+  int32_t term(int64_t k) const { return int32_t(hi[size_t(k)]) * 254 + lo[size_t(k)]; }
+  // The sum of term() over 16-value group i.
+  int32_t term_sum(int64_t i) const { return sum_hi[size_t(i)] * 254 + sum_lo[size_t(i)]; }
+  // A chunk's integer dot of weights with term() (exact in int32: |dot| < 32 * 255 * 32385 +
+  // 128 * 32 * 32385 < 2^31) as the fp32 dot with x / d: one rounding to fp32, one product.
+  static float dot_value(int32_t dot) { return float(dot) * (1.0f / kLoScale); }
   // Block b's sum of x as quantized, over d: sum(hi) + sum(lo) / 254.
   float block_sum(int64_t b) const {
     return float(sum_hi[size_t(2 * b)] + sum_hi[size_t(2 * b + 1)]) +
            float(sum_lo[size_t(2 * b)] + sum_lo[size_t(2 * b + 1)]) * (1.0f / kLoScale);
   }
 };
-// y[r] = row r . x for r in [r0, r1): per block, the integer dots of the block's values with
-// hi and lo (the weights' offset taken out in integers), combined as dot_hi + dot_lo / 254,
-// times both scales (plus Q4_1's min times the block's sum of x), summed in fp32 over the
-// blocks in order. The portable GEMV; the AVX-512 VNNI one computes the same.
+// y[r] = row r . x for r in [r0, r1): per 32-value chunk (16 for Q6_K), the integer dot of
+// the stored values with x's terms as one integer (Q8Row::term, the weights' offset taken out
+// in integers), as fp32 (Q8Row::dot_value), times both scales (plus Q4_1's min times the
+// block's sum of x), summed in fp32 over the chunks in order. The portable kernels
+// (Highway's targets) compute exactly this; the AVX-512 VNNI and AMX ones take the same integer
+// dots (two int8 terms, VNNI's u8 x s8) and scale them with fused multiply-adds.
 void x16_gemv_rows(const Q8Row& x, DType t, const uint8_t* tiles, int64_t cols, int64_t r0, int64_t r1, float* y);
 
 }  // namespace tessera::cpu
