@@ -2,7 +2,12 @@
 # tessera against llama.cpp on the host CPU, same weights, same threads, same run.
 #
 #   bench/llama_cpp.sh [MODEL] [--threads N] [--tessera BIN] [--rounds N] [--reps N] [--gen N]
-#                      [--llama-only] [--tessera-on-bf16] [--json FILE]
+#                      [--llama-only] [--tessera-on-bf16] [--isa PATH] [--json FILE]
+#
+# --isa PATH forces tessera's kernel path (TESSERA_ISA: amx, avx512bf16, AVX3, AVX2, ...) and
+# builds the peer for the same instructions where they differ: with AVX2 (or SSE4, SCALAR)
+# llama.cpp is built for AVX2 alone (LLAMA_CPP_ISA=avx2, bench/llama_cpp_build.sh), as on
+# an AVX2-only CPU; otherwise it runs its best path on this CPU. The table names both.
 #
 # MODEL: a Hugging Face directory or GGUF file (default: the default model,
 # models/SmolLM2-135M-Instruct.Q4_1.gguf). llama.cpp's llama-bench is built from the
@@ -18,9 +23,6 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# shellcheck source=bench/llama_cpp_build.sh
-source "$ROOT/bench/llama_cpp_build.sh"  # LLAMA_CPP_PYTHON_VERSION, llama_cpp_build, LLAMA_CPP_BIN
-CACHE=$LLAMA_CPP_CACHE
 
 MODEL=""
 THREADS=$(nproc)
@@ -31,6 +33,7 @@ GEN=32
 LLAMA_ONLY=0
 TESSERA_ON_BF16=0
 JSON_OUT=""
+ISA=${TESSERA_ISA:-auto}
 
 die() { echo "llama_cpp.sh: error: $*" >&2; exit 1; }
 say() { echo "llama_cpp.sh: $*" >&2; }
@@ -47,11 +50,21 @@ while [ $# -gt 0 ]; do
     --llama-only) LLAMA_ONLY=1; shift ;;
     --tessera-on-bf16) TESSERA_ON_BF16=1; shift ;;
     --json) JSON_OUT=${2:?--json needs FILE}; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --isa) ISA=${2:?--isa needs PATH}; shift 2 ;;
+    --isa=*) ISA=${1#*=}; shift ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option '$1' (see --help)" ;;
     *) [ -z "$MODEL" ] || die "more than one MODEL given ('$MODEL', '$1')"; MODEL=$1; shift ;;
   esac
 done
+case "$ISA" in
+  AVX2|SSE4|SCALAR|scalar) export LLAMA_CPP_ISA=avx2 ;;
+  *) export LLAMA_CPP_ISA=native ;;
+esac
+export TESSERA_ISA=$ISA
+# shellcheck source=bench/llama_cpp_build.sh
+source "$ROOT/bench/llama_cpp_build.sh"  # LLAMA_CPP_PYTHON_VERSION, llama_cpp_build, LLAMA_CPP_BIN
+CACHE=$LLAMA_CPP_CACHE
 [ -n "$MODEL" ] || MODEL=${TESSERA_DEFAULT_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 [ -e "$MODEL" ] || die "$MODEL: no such model (run scripts/setup.sh for the default model)"
 MODEL=$(realpath "$MODEL")
@@ -143,9 +156,12 @@ for ((round = 1; round <= ROUNDS; round++)); do
 done
 
 # --- 5. the table -----------------------------------------------------------------------
-python3 - "$WORK" "$MODEL" "$GGUF" "$THREADS" "$LLAMA_CPP_PYTHON_VERSION" "$TESSERA_STATUS" "$JSON_OUT" "$ROUNDS" <<'PY'
+CPU_NAME=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+LLAMA_FLAGS=$(grep -oE -- '-DGGML_(NATIVE|AVX[A-Z0-9_]*|AMX[A-Z0-9_]*)=(ON|OFF)' <<<"${LLAMA_CPP_CMAKE_FLAGS[*]}" | grep -E '=ON' | sed 's/-DGGML_//; s/=ON//' | tr '\n' ' ')
+python3 - "$WORK" "$MODEL" "$GGUF" "$THREADS" "$LLAMA_CPP_PYTHON_VERSION" "$TESSERA_STATUS" "$JSON_OUT" "$ROUNDS" \
+  "$CPU_NAME" "$ISA" "$LLAMA_FLAGS" <<'PY'
 import json, os, sys
-work, model, gguf, threads, version, status, json_out, rounds = sys.argv[1:9]
+work, model, gguf, threads, version, status, json_out, rounds, cpu, isa, llama_flags = sys.argv[1:12]
 
 def load(name):
     p = os.path.join(work, name)
@@ -186,11 +202,14 @@ for r in range(1, int(rounds) + 1):
 rows = ["prefill 128", "prefill 512", "decode @128", "decode @512"]
 print(f"model      {model}")
 print(f"llama.cpp  llama-bench from llama-cpp-python {version}, weights {os.path.basename(gguf)}")
+print(f"cpu        {cpu}")
+isa_line = ", ".join(sorted({t.get("isa", "?") for t in tess_json})) if tess_json else "?"
+print(f"paths      tessera {isa_line} (TESSERA_ISA={isa}); llama.cpp built with {llama_flags.strip()}")
 print(f"threads    {threads}; {rounds} rounds, each llama.cpp then tessera back to back")
 print()
 print(f"{'metric (tokens/s)':<20} | {'tessera':>10} | {'llama.cpp':>10} | {'ratio':>6} | {'per-round ratios':<24}")
 print(f"{'-' * 20}-+-{'-' * 10}-+-{'-' * 10}-+-{'-' * 6}-+-{'-' * 24}")
-summary = {"model": model, "threads": int(threads), "rounds": int(rounds), "llama_cpp_python": version, "rows": []}
+summary = {"model": model, "cpu": cpu, "tessera_isa": isa, "llama_cpp_flags": llama_flags.split(), "threads": int(threads), "rounds": int(rounds), "llama_cpp_python": version, "rows": []}
 for m in rows:
     lv = [lr[m] for lr in llama_rounds if m in lr]
     tv = [tr[m] for tr in tess_rounds if m in tr]

@@ -232,15 +232,12 @@ void matmul_rows(const float* x, int64_t T, std::span<const MatmulOut> outs, Thr
   }
   if (K > 0 && use_avx512bf16()) return matmul_rows_avx512bf16(x, T, outs, pool);
   if (K <= 0) return matmul_shared_input(x, T, outs, pool);
-  // The portable path: quantized matrices take all T rows in one pass (each row the one-row
-  // GEMV's numbers, as for prefill); bf16 ones run the one-row GEMV row by row.
+  // The portable path: every matrix read once for all T rows, each row the one-row GEMV's
+  // numbers (quantized ones as for prefill).
   std::vector<MatmulOut> quantized;
   for (const MatmulOut& o : outs) {
-    if (o.w->quantized()) {
-      quantized.push_back(o);
-      continue;
-    }
-    for (int64_t t = 0; t < T; ++t) matmul_hwy(x + t * K, 1, o.w->bf16(), o.bias, o.y + t * o.w->rows, pool);
+    if (o.w->quantized()) quantized.push_back(o);
+    else gemv_rows_bf16_hwy(x, T, o.w->bf16(), o.bias, o.y, pool);
   }
   if (!quantized.empty()) matmul_portable(x, T, quantized, pool);
 }

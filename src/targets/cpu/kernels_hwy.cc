@@ -233,7 +233,79 @@ const TileFn kTiles[kMR][kNR] = {
     {&MatmulTile<4, 1>, &MatmulTile<4, 2>},
 };
 
-void Matmul(const float* x, int64_t T, const Bf16Matrix* wp, const float* bias, float* y, ThreadPool* pool) {
+// Weight row wr against RT activation rows (xe[t] rearranged as Matmul does, x[t] as given),
+// each exactly the one-row GEMV's sums whatever RT is: four accumulators over steps of 4L
+// values, then 2L, reduced as (a0 + a1) + (a2 + a3), then the tail; the weights are loaded
+// once for the RT rows.
+template <int RT>
+HWY_INLINE void GemvRowBf16(const float* const* xe, const float* const* x, const uint16_t* wr, int64_t K,
+                            int64_t Kv, float* const* y, int64_t n, const float* bias) {
+  const DF df;
+  const DU32 du;
+  const int64_t L = int64_t(hn::Lanes(df));
+  const auto hi_mask = hn::Set(du, 0xFFFF0000u);
+  VF a0[RT], a1[RT], a2[RT], a3[RT];
+  for (int t = 0; t < RT; ++t) a0[t] = a1[t] = a2[t] = a3[t] = hn::Zero(df);
+  int64_t k = 0;
+  for (; k + 4 * L <= Kv; k += 4 * L) {
+    const auto w0 = hn::LoadU(du, reinterpret_cast<const uint32_t*>(wr + k));
+    const auto w1 = hn::LoadU(du, reinterpret_cast<const uint32_t*>(wr + k + 2 * L));
+    const VF we0 = hn::BitCast(df, hn::ShiftLeft<16>(w0)), wo0 = hn::BitCast(df, hn::And(w0, hi_mask));
+    const VF we1 = hn::BitCast(df, hn::ShiftLeft<16>(w1)), wo1 = hn::BitCast(df, hn::And(w1, hi_mask));
+    for (int t = 0; t < RT; ++t) {
+      a0[t] = hn::MulAdd(hn::LoadU(df, xe[t] + k), we0, a0[t]);
+      a1[t] = hn::MulAdd(hn::LoadU(df, xe[t] + k + L), wo0, a1[t]);
+      a2[t] = hn::MulAdd(hn::LoadU(df, xe[t] + k + 2 * L), we1, a2[t]);
+      a3[t] = hn::MulAdd(hn::LoadU(df, xe[t] + k + 3 * L), wo1, a3[t]);
+    }
+  }
+  for (; k < Kv; k += 2 * L) {
+    const auto w0 = hn::LoadU(du, reinterpret_cast<const uint32_t*>(wr + k));
+    const VF we0 = hn::BitCast(df, hn::ShiftLeft<16>(w0)), wo0 = hn::BitCast(df, hn::And(w0, hi_mask));
+    for (int t = 0; t < RT; ++t) {
+      a0[t] = hn::MulAdd(hn::LoadU(df, xe[t] + k), we0, a0[t]);
+      a1[t] = hn::MulAdd(hn::LoadU(df, xe[t] + k + L), wo0, a1[t]);
+    }
+  }
+  for (int t = 0; t < RT; ++t) {
+    float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(a0[t], a1[t]), hn::Add(a2[t], a3[t]))));
+    for (int64_t kk = k; kk < K; ++kk) s += x[t][kk] * bf16_to_f32(wr[kk]);
+    y[t][n] = bias ? s + bias[n] : s;
+  }
+}
+
+// The decode GEMV of T <= kMaxGemvRows independent rows: each weight row is read from memory
+// once for all of them (while it sits in L1), each row's result the one-row GEMV's.
+void GemvRowsBf16(const float* xe, int64_t Kv, const float* x, int64_t T, const Bf16Matrix& w, const float* bias,
+                  float* y, ThreadPool* pool) {
+  const int64_t N = w.rows, K = w.cols;
+  const int RT = hn::Lanes(DF()) >= 16 ? 4 : 2;  // rows whose accumulators fit beside the weights
+  const float* xes[kMaxGemvRows];
+  const float* xs[kMaxGemvRows];
+  float* ys[kMaxGemvRows];
+  for (int64_t t = 0; t < T; ++t) {
+    xes[t] = xe + t * Kv;
+    xs[t] = x + t * K;
+    ys[t] = y + t * N;
+  }
+  // One weight row at a time, so the matrix is read as one sequential stream.
+  const int64_t unit = 16;
+  pool->parallel_for((N + unit - 1) / unit, [&](int64_t b, int64_t e) {
+    for (int64_t n = b * unit; n < std::min(N, e * unit); ++n) {
+      const uint16_t* wr = w.data + n * K;
+      int64_t t = 0;
+      if (RT >= 4)
+        for (; t + 4 <= T; t += 4) GemvRowBf16<4>(xes + t, xs + t, wr, K, Kv, ys + t, n, bias);
+      for (; t + 2 <= T; t += 2) GemvRowBf16<2>(xes + t, xs + t, wr, K, Kv, ys + t, n, bias);
+      for (; t < T; ++t) GemvRowBf16<1>(xes + t, xs + t, wr, K, Kv, ys + t, n, bias);
+    }
+  });
+}
+
+// rows: each of the T rows computed as the one-row GEMV computes it (a batched decode step,
+// T <= kMaxGemvRows); otherwise T > 1 runs the blocked GEMM.
+void Matmul(const float* x, int64_t T, const Bf16Matrix* wp, const float* bias, float* y, ThreadPool* pool,
+            bool rows) {
   const Bf16Matrix& w = *wp;
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df));
@@ -248,36 +320,7 @@ void Matmul(const float* x, int64_t T, const Bf16Matrix* wp, const float* bias, 
         xe[t * Kv + k + i] = x[t * K + k + 2 * i];
         xe[t * Kv + k + L + i] = x[t * K + k + 2 * i + 1];
       }
-  if (T == 1) {
-    // GEMV: one weight row at a time, so the matrix is read as one sequential stream.
-    const int64_t unit = 16;
-    pool->parallel_for((N + unit - 1) / unit, [&](int64_t b, int64_t e) {
-      const DU32 du;
-      const auto hi_mask = hn::Set(du, 0xFFFF0000u);
-      for (int64_t n = b * unit; n < std::min(N, e * unit); ++n) {
-        const uint16_t* wr = w.data + n * K;
-        VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
-        int64_t k = 0;
-        for (; k + 4 * L <= Kv; k += 4 * L) {
-          const auto w0 = hn::LoadU(du, reinterpret_cast<const uint32_t*>(wr + k));
-          const auto w1 = hn::LoadU(du, reinterpret_cast<const uint32_t*>(wr + k + 2 * L));
-          a0 = hn::MulAdd(hn::LoadU(df, xe + k), hn::BitCast(df, hn::ShiftLeft<16>(w0)), a0);
-          a1 = hn::MulAdd(hn::LoadU(df, xe + k + L), hn::BitCast(df, hn::And(w0, hi_mask)), a1);
-          a2 = hn::MulAdd(hn::LoadU(df, xe + k + 2 * L), hn::BitCast(df, hn::ShiftLeft<16>(w1)), a2);
-          a3 = hn::MulAdd(hn::LoadU(df, xe + k + 3 * L), hn::BitCast(df, hn::And(w1, hi_mask)), a3);
-        }
-        for (; k < Kv; k += 2 * L) {
-          const auto w0 = hn::LoadU(du, reinterpret_cast<const uint32_t*>(wr + k));
-          a0 = hn::MulAdd(hn::LoadU(df, xe + k), hn::BitCast(df, hn::ShiftLeft<16>(w0)), a0);
-          a1 = hn::MulAdd(hn::LoadU(df, xe + k + L), hn::BitCast(df, hn::And(w0, hi_mask)), a1);
-        }
-        float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
-        for (; k < K; ++k) s += x[k] * bf16_to_f32(wr[k]);
-        y[n] = bias ? s + bias[n] : s;
-      }
-    });
-    return;
-  }
+  if (T == 1 || rows) return GemvRowsBf16(xe, Kv, x, T, w, bias, y, pool);
   const int64_t unit = kNR;
   const int64_t units = (N + unit - 1) / unit;
   pool->parallel_for(units, [&](int64_t b, int64_t e) {
@@ -735,10 +778,23 @@ HWY_INLINE void UnpackChunk(const uint8_t* tile, int j, int16_t* out) {
     for (size_t at = 0; at < 64; at += N16) hn::Store(ValuePart<kType>(tile, j, v, at), d16, out + v * 64 + at);
 }
 
-// RT rows' integer dots of value vectors [v0, v1) of an unpacked chunk: row t's terms at
-// a[t] (the chunk's first value), its dots in dots[t][f] (lane i: weight row f * NF + i).
-template <int RT>
-HWY_INLINE void ChunkDots(const int16_t* wq, int v0, int v1, const int16_t* const* a, VI32 (*dots)[kMaxParts / 2]) {
+// Where ChunkDots reads a chunk's value vectors: unpacked before (UnpackChunk), for many
+// activation rows; or from the tile itself, for a single pass of rows (a decode GEMV).
+struct UnpackedValues {
+  const int16_t* wq;
+  HWY_INLINE VI16 operator()(int v, size_t at) const { return hn::Load(DI16(), wq + v * 64 + at); }
+};
+template <DType kType>
+struct TileValues {
+  const uint8_t* tile;
+  int j;
+  HWY_INLINE VI16 operator()(int v, size_t at) const { return ValuePart<kType>(tile, j, v, at); }
+};
+
+// RT rows' integer dots of value vectors [v0, v1) of a chunk: row t's terms at a[t] (the
+// chunk's first value), its dots in dots[t][f] (lane i: weight row f * NF + i).
+template <int RT, typename Values>
+HWY_INLINE void ChunkDots(const Values& values, int v0, int v1, const int16_t* const* a, VI32 (*dots)[kMaxParts / 2]) {
   const DI16 d16;
   const DI32 d32;
   const DU64 d64;
@@ -754,7 +810,7 @@ HWY_INLINE void ChunkDots(const int16_t* wq, int v0, int v1, const int16_t* cons
       av[t] = hn::BitCast(d16, hn::Set(d64, p));
     }
     for (size_t s = 0; s < P; ++s) {
-      const VI16 q = hn::Load(d16, wq + v * 64 + s * N16);
+      const VI16 q = values(v, s * N16);
       for (int t = 0; t < RT; ++t) s0[t][s] = hn::ReorderWidenMulAccumulate(d32, q, av[t], s0[t][s], s1[t][s]);
     }
   }
@@ -782,8 +838,8 @@ HWY_INLINE VF HalfF32(const uint8_t* p) {
 // One chunk (or Q6_K half) of RT rows: their dots, the weights' offset taken out, as fp32,
 // times the chunk's scale and the row's x scale, added to the row's accumulator acc[t]
 // (16 floats). Inlined into GemmX16T, whose fp-contract=off keeps these roundings apart.
-template <DType kType, int RT>
-HWY_INLINE void ChunkRows(const int16_t* wq, int v0, int v1, const int16_t* const* a, const Q8Row* const* x,
+template <DType kType, int RT, typename Values>
+HWY_INLINE void ChunkRows(const Values& values, int v0, int v1, const int16_t* const* a, const Q8Row* const* x,
                           int64_t xb, int h, const VF* scale, float* const* acc) {
   constexpr bool kHalves = kType == DType::Q6_K;
   constexpr int32_t kOffset = x16_layout(kType).offset;
@@ -791,7 +847,7 @@ HWY_INLINE void ChunkRows(const int16_t* wq, int v0, int v1, const int16_t* cons
   const DI32 d32;
   const size_t NF = hn::Lanes(df), F = 16 / NF;
   VI32 dots[RT][kMaxParts / 2];
-  ChunkDots<RT>(wq, v0, v1, a, dots);
+  ChunkDots<RT>(values, v0, v1, a, dots);
   const VF inv = hn::Set(df, 1.0f / Q8Row::kLoScale);
   for (int t = 0; t < RT; ++t) {
     const int32_t sum = kHalves ? x[t]->term_sum(2 * xb + h) : x[t]->term_sum(2 * xb) + x[t]->term_sum(2 * xb + 1);
@@ -834,7 +890,11 @@ __attribute__((optimize("fp-contract=off"))) HWY_NOINLINE void GemmX16T(const Q8
       for (size_t f = 0; f < F; ++f) d[f] = HalfF32(tile + 2 * f * NF);
       for (int j = 0; j < kChunks; ++j) {
         const int64_t xb = b * kChunks + j;  // x's 32-value block
-        UnpackChunk<kType>(tile, j, wq);
+        // One pass of rows reads the tile directly; more share one unpacking.
+        const bool one_pass = R <= rt;
+        if (!one_pass) UnpackChunk<kType>(tile, j, wq);
+        const UnpackedValues unpacked{wq};
+        const TileValues<kType> direct{tile, j};
         for (int h = 0; h < (kHalves ? 2 : 1); ++h) {
           VF scale[kMaxParts / 2];
           for (size_t f = 0; f < F; ++f) {
@@ -846,24 +906,35 @@ __attribute__((optimize("fp-contract=off"))) HWY_NOINLINE void GemmX16T(const Q8
           const int v0 = kHalves ? 4 * h : 0, v1 = kHalves ? v0 + 4 : 8;
           const int16_t* at[kMaxGemvRows];
           for (int t = 0; t < R; ++t) at[t] = a[t] + xb * 32;
+          if (one_pass) {
+            switch (R) {
+              case 4: ChunkRows<kType, 4>(direct, v0, v1, at, x, xb, h, scale, acc); break;
+              case 3: ChunkRows<kType, 3>(direct, v0, v1, at, x, xb, h, scale, acc); break;
+              case 2: ChunkRows<kType, 2>(direct, v0, v1, at, x, xb, h, scale, acc); break;
+              default: ChunkRows<kType, 1>(direct, v0, v1, at, x, xb, h, scale, acc); break;
+            }
+            continue;
+          }
           int t = 0;
           if (rt >= 4)
-            for (; t + 4 <= R; t += 4) ChunkRows<kType, 4>(wq, v0, v1, at + t, x + t, xb, h, scale, acc + t);
+            for (; t + 4 <= R; t += 4) ChunkRows<kType, 4>(unpacked, v0, v1, at + t, x + t, xb, h, scale, acc + t);
           if (rt >= 3)
-            for (; t + 3 <= R; t += 3) ChunkRows<kType, 3>(wq, v0, v1, at + t, x + t, xb, h, scale, acc + t);
+            for (; t + 3 <= R; t += 3) ChunkRows<kType, 3>(unpacked, v0, v1, at + t, x + t, xb, h, scale, acc + t);
           if (rt >= 2)
-            for (; t + 2 <= R; t += 2) ChunkRows<kType, 2>(wq, v0, v1, at + t, x + t, xb, h, scale, acc + t);
-          for (; t < R; ++t) ChunkRows<kType, 1>(wq, v0, v1, at + t, x + t, xb, h, scale, acc + t);
+            for (; t + 2 <= R; t += 2) ChunkRows<kType, 2>(unpacked, v0, v1, at + t, x + t, xb, h, scale, acc + t);
+          for (; t < R; ++t) ChunkRows<kType, 1>(unpacked, v0, v1, at + t, x + t, xb, h, scale, acc + t);
         }
         if constexpr (x16_has_min(kType) || x16_k_scales(kType)) {
+          VF m[kMaxParts / 2];
           for (size_t f = 0; f < F; ++f) {
-            VF m;
-            if constexpr (x16_has_min(kType)) m = HalfF32(tile + L.m + 2 * f * NF);
-            else m = hn::Neg(hn::Mul(HalfF32(tile + 32 + 2 * f * NF), BytesF32(tile + L.m + j * 16 + f * NF)));
-            for (int t = 0; t < R; ++t) {
-              const VF xsum = hn::Set(df, x[t]->d[size_t(xb)] * x[t]->block_sum(xb));
+            if constexpr (x16_has_min(kType)) m[f] = HalfF32(tile + L.m + 2 * f * NF);
+            else m[f] = hn::Neg(hn::Mul(HalfF32(tile + 32 + 2 * f * NF), BytesF32(tile + L.m + j * 16 + f * NF)));
+          }
+          for (int t = 0; t < R; ++t) {
+            const VF xsum = hn::Set(df, x[t]->d[size_t(xb)] * x[t]->block_sum(xb));
+            for (size_t f = 0; f < F; ++f) {
               float* am = acc_min[t] + f * NF;
-              hn::Store(hn::Add(hn::Load(df, am), hn::Mul(m, xsum)), df, am);
+              hn::Store(hn::Add(hn::Load(df, am), hn::Mul(m[f], xsum)), df, am);
             }
           }
         }
@@ -946,7 +1017,11 @@ HWY_EXPORT(CombineTerms);
 HWY_EXPORT(QuantizeQ8);
 
 void matmul_hwy(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool) {
-  HWY_DYNAMIC_DISPATCH(Matmul)(x, T, &w, bias, y, &pool);
+  HWY_DYNAMIC_DISPATCH(Matmul)(x, T, &w, bias, y, &pool, false);
+}
+void gemv_rows_bf16_hwy(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y,
+                        ThreadPool& pool) {
+  HWY_DYNAMIC_DISPATCH(Matmul)(x, T, &w, bias, y, &pool, true);
 }
 void rmsnorm_hwy(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) {
   HWY_DYNAMIC_DISPATCH(Rmsnorm)(x, w, out, rows, n, eps);

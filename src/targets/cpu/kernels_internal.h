@@ -58,6 +58,9 @@ void matmul_rows_avx512bf16(const float* x, int64_t T, std::span<const MatmulOut
 
 // Highway-dispatched kernels (kernels_hwy.cc); they run on the currently chosen target.
 void matmul_hwy(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y, ThreadPool& pool);
+// T <= kMaxGemvRows rows, each exactly matmul_hwy(row, 1, ...), the matrix read once for all.
+void gemv_rows_bf16_hwy(const float* x, int64_t T, const Bf16Matrix& w, const float* bias, float* y,
+                        ThreadPool& pool);
 void rmsnorm_hwy(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps);
 void rope_hwy(float* x, int64_t T, int64_t n_heads, int64_t head_dim, int64_t pos0, const float* inv_freq);
 void silu_mul_hwy(const float* gate, const float* up, float* out, int64_t n);
