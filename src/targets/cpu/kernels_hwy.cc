@@ -746,7 +746,7 @@ using VI32 = hn::Vec<DI32>;
 constexpr int kMaxParts = 8;  // 64-byte value vector / the narrowest (128-bit) i16 vector
 // Activation rows that share each load of an unpacked weight vector: as many as keep the
 // rows' i32 sums (parts per value vector of each) in registers beside it.
-constexpr int RowsPerPass(size_t parts) { return parts <= 2 ? 4 : parts <= 4 ? 3 : 1; }
+constexpr int RowsPerPass(size_t parts) { return parts <= 2 ? 4 : parts <= 4 ? 2 : 1; }
 
 // The stored bytes (value + offset, high bits included) of value vector v of chunk j, the
 // `at`-th byte onward (Lanes(DI16) of them: Lanes / 4 rows), as i16.
