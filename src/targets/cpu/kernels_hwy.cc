@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "targets/cpu/kernels_internal.h"
@@ -822,6 +823,72 @@ HWY_INLINE void ChunkDots(const Values& values, int v0, int v1, const int16_t* c
     }
 }
 
+#if HWY_TARGET == HWY_AVX2
+// The decode GEMV's dots on AVX2 (one activation row, the tile read directly): the stored
+// bytes stay bytes and multiply x's two int8 terms with vpmaddubsw (u8 x s8, pairs summed to
+// i16), summed in i16 over as many value vectors as cannot overflow (a pair <= 2 * 127 * max
+// stored value), then widened and joined by vpmaddwd against 254 and 1, which also sums each
+// weight row's two pairs: the same integers as ChunkDots (254 x hi-dot + lo-dot), exactly,
+// with no widening of the weights and no fold. Q8_0 (stored bytes up to 255) would saturate:
+// it keeps ChunkDots.
+template <DType kType>
+constexpr int MaddubsSpan() {  // value vectors summed in i16 before widening
+  constexpr int max_stored = kType == DType::Q6_K ? 63 : x16_fifth_bit(kType) ? 31 : 15;
+  return 32767 / (2 * 127 * max_stored);
+}
+
+// Value vector v of chunk j, weight rows [8 part, 8 part + 8), as the stored bytes.
+template <DType kType>
+HWY_INLINE __m256i ValueBytes(const uint8_t* tile, int j, int v, int part) {
+  constexpr X16Layout L = x16_layout(kType);
+  const int at = 32 * part;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + L.qs + j * 256 + (v / 2) * 64 + at));
+  __m256i q = (v & 1) ? _mm256_and_si256(_mm256_srli_epi16(b, 4), low4) : _mm256_and_si256(b, low4);
+  if constexpr (x16_fifth_bit(kType)) {
+    const __m256i qh =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + L.qh + (kType == DType::Q5_K ? j * 64 : 0) + at));
+    // Bit v of each byte to bit 4 (16-bit shifts: bits crossing a byte are masked off).
+    const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(v)), _mm256_set1_epi8(1));
+    q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
+  }
+  if constexpr (kType == DType::Q6_K) {
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + L.qh + j * 128 + (v / 4) * 64 + at));
+    const __m256i two = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * (v % 4))), _mm256_set1_epi8(3));
+    q = _mm256_or_si256(q, _mm256_slli_epi16(two, 4));
+  }
+  return q;
+}
+
+template <DType kType>
+HWY_INLINE void ChunkDotsBytes(const uint8_t* tile, int j, int v0, int v1, const int8_t* hi, const int8_t* lo,
+                               VI32* dots) {
+  constexpr int kSpan = MaddubsSpan<kType>();
+  const __m256i w_hi = _mm256_set1_epi16(254), w_lo = _mm256_set1_epi16(1);
+  __m256i sum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};  // weight rows 0-7, 8-15
+  for (int v = v0; v < v1; v += kSpan) {
+    __m256i acc_hi[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    __m256i acc_lo[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int u = v; u < std::min(v1, v + kSpan); ++u) {
+      int32_t ph, pl;
+      std::memcpy(&ph, hi + 4 * u, 4);
+      std::memcpy(&pl, lo + 4 * u, 4);
+      const __m256i bh = _mm256_set1_epi32(ph), bl = _mm256_set1_epi32(pl);
+      for (int part = 0; part < 2; ++part) {
+        const __m256i q = ValueBytes<kType>(tile, j, u, part);
+        acc_hi[part] = _mm256_add_epi16(acc_hi[part], _mm256_maddubs_epi16(q, bh));
+        acc_lo[part] = _mm256_add_epi16(acc_lo[part], _mm256_maddubs_epi16(q, bl));
+      }
+    }
+    for (int part = 0; part < 2; ++part)
+      sum[part] = _mm256_add_epi32(
+          sum[part], _mm256_add_epi32(_mm256_madd_epi16(acc_hi[part], w_hi), _mm256_madd_epi16(acc_lo[part], w_lo)));
+  }
+  dots[0] = VI32{sum[0]};
+  dots[1] = VI32{sum[1]};
+}
+#endif  // HWY_TARGET == HWY_AVX2
+
 // Per-row bytes (16 of them, f of the float vectors' share) as floats: Q4_K's unsigned
 // scales and mins, Q6_K's signed scales.
 template <typename T>
@@ -847,7 +914,13 @@ HWY_INLINE void ChunkRows(const Values& values, int v0, int v1, const int16_t* c
   const DI32 d32;
   const size_t NF = hn::Lanes(df), F = 16 / NF;
   VI32 dots[RT][kMaxParts / 2];
-  ChunkDots<RT>(values, v0, v1, a, dots);
+#if HWY_TARGET == HWY_AVX2
+  if constexpr (RT == 1 && kType != DType::Q8_0 && std::is_same_v<Values, TileValues<kType>>)
+    ChunkDotsBytes<kType>(values.tile, values.j, v0, v1, x[0]->hi.data() + xb * 32, x[0]->lo.data() + xb * 32,
+                          dots[0]);
+  else
+#endif
+    ChunkDots<RT>(values, v0, v1, a, dots);
   const VF inv = hn::Set(df, 1.0f / Q8Row::kLoScale);
   for (int t = 0; t < RT; ++t) {
     const int32_t sum = kHalves ? x[t]->term_sum(2 * xb + h) : x[t]->term_sum(2 * xb) + x[t]->term_sum(2 * xb + 1);
