@@ -958,7 +958,14 @@ __attribute__((optimize("fp-contract=off"))) HWY_NOINLINE void GemmX16T(const Q8
   for (int64_t g = g0; g < g1; ++g) {
     std::memset(acc_buf, 0, sizeof(float) * 2 * kTileRows * size_t(R));
     const uint8_t* tile = tiles + g * blocks * L.bytes;
+    // A decode GEMV streams the tiles once: fetch ~2 KiB ahead, across the page boundaries
+    // where the hardware prefetcher stops.
+    constexpr int64_t kAhead = (2048 + L.bytes - 1) / L.bytes;
+    const uint8_t* end = tiles + (g1 * blocks) * L.bytes;
     for (int64_t b = 0; b < blocks; ++b, tile += L.bytes) {
+      if (R <= rt)
+        for (int64_t off = 0; off < L.bytes && tile + kAhead * L.bytes + off < end; off += 64)
+          hwy::Prefetch(tile + kAhead * L.bytes + off);
       VF d[kMaxParts / 2];
       for (size_t f = 0; f < F; ++f) d[f] = HalfF32(tile + 2 * f * NF);
       for (int j = 0; j < kChunks; ++j) {
