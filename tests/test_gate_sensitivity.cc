@@ -119,25 +119,37 @@ TEST(GateSensitivity, FusedOnlyPerturbationIsCaughtByPhaseSixAndTheAudit) {
   expect_audit_passes(dir);
 }
 
-// A bug confined to one layer past the first (phase 1 runs layer 0's kernels): phase 3 runs
-// each layer from the oracle's input and names the layer and sublayer, on both targets; the
-// same perturbation in the free-running residual stream alone would barely move its cosine.
+// A bug confined to one layer past the first: phase 1 runs the first, a middle and the last
+// layer's own matrices and names the last layer's down_proj; phase 3, run on its own, runs
+// each layer from the oracle's input and names the layer and sublayer, on both targets (the
+// same perturbation in the free-running residual stream alone would barely move its cosine).
 class OneLayerSees : public ::testing::TestWithParam<std::string> {};
-TEST_P(OneLayerSees, AFivePercentGainInTheLastLayersMlpFailsPhase3NamingIt) {
+TEST_P(OneLayerSees, AFivePercentGainInTheLastLayersMlpFailsPhases1And3NamingIt) {
   ScratchDir out("sens_layer");
   DeployOptions o = deploy_options(tiny_model("SmolLM2-360M"), out.str("dep"));  // 3 layers
   o.target = GetParam();
   o.perturbations = {"down_proj:gain:0.05:layer=2"};
   const DeployResult r = deploy(o);
   ASSERT_FALSE(r.pass);
-  EXPECT_EQ(r.failed_phase, 3) << r.diagnosis;
-  EXPECT_NE(r.diagnosis.find("layer 2's mlp disagrees"), std::string::npos) << r.diagnosis;
-  const nlohmann::json rec = read_json_file(out.path() / "dep" / "phase3" / "prompt_0.json");
-  const gates::GateResult g = gates::GateResult::from_json(rec["gate"]);
-  ASSERT_NE(g.check("mlp_error"), nullptr);
-  EXPECT_FALSE(g.check("mlp_error")->pass);
-  EXPECT_NEAR(g.check("mlp_error")->value, 0.05, 0.01);  // what the gain adds to layer 2's MLP contribution
-  EXPECT_TRUE(g.check("attention_error")->pass);         // layer 2's attention starts from the oracle's input
+  EXPECT_EQ(r.failed_phase, 1) << r.diagnosis;
+  EXPECT_NE(r.diagnosis.find("down_proj (layer 2"), std::string::npos) << r.diagnosis;
+
+  Deployment dep = Deployment::open_existing(out.str("dep"));
+  const Model model = Model::open(o.model_path);
+  PhaseContext ctx(dep, model, o);
+  const PhaseOutcome three = run_phase3_model(ctx);
+  ASSERT_FALSE(three.pass);
+  EXPECT_NE(three.diagnosis.find("layer 2's mlp disagrees"), std::string::npos) << three.diagnosis;
+  const gates::GateResult* g = nullptr;
+  for (const auto& row : three.gates)
+    if (!row.pass() && row.check("mlp_error")) {
+      g = &row;
+      break;
+    }
+  ASSERT_NE(g, nullptr);
+  EXPECT_FALSE(g->check("mlp_error")->pass);
+  EXPECT_NEAR(g->check("mlp_error")->value, 0.05, 0.01);  // what the gain adds to layer 2's MLP contribution
+  EXPECT_TRUE(g->check("attention_error")->pass);         // layer 2's attention starts from the oracle's input
 }
 INSTANTIATE_TEST_SUITE_P(Gates, OneLayerSees, ::testing::Values("cpu", "npusim"));
 

@@ -50,10 +50,10 @@ const std::vector<FaultInfo>& porting_faults() {
       {"softmax-unshifted", "attention", 1,
        "the attention softmax takes exp(s) without subtracting the row max: right while scores stay small, inf / inf "
        "= NaN once one passes 88.7 (exp's fp32 range)"},
-      {"kv-layer-aliased", "kv_write", 3,
+      {"kv-layer-aliased", "kv_write", 1,
        "every layer's keys and values stored in (and read from) layer 0's cache rows: a prefill in one call reads "
-       "back what it just wrote; a prompt prefilled in chunks (phase 3's long-context prompt) and decode read "
-       "another layer's keys"},
+       "back what it just wrote; phase 1's rows of a later layer find that layer's cache empty, and a prompt "
+       "prefilled in chunks and decode read another layer's keys"},
       // Above the kernels: the prompt path and the stop set (the runtime's).
       {"double-bos", "prompt", 0,
        "prompts get a second BOS before the first (a runtime adding BOS to ids the tokenizer already started "

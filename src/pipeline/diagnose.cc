@@ -106,9 +106,10 @@ const std::vector<DebugSkill>& debug_skills() {
       {"gemm-precision", "every projection off by a smooth, K-dependent error (phase 1 gemm rows)",
        "the target's GEMM/GEMV accumulator type",
        {Stage::QkvProj, Stage::OProj, Stage::GateUpProj, Stage::DownProj, Stage::LmHead}, nullptr, gemm_precision},
-      {"kv-cache-state", "right on the first call, wrong after (decode scenarios, or bisect names kv_write)",
-       "the target's KV write path for single-row (decode) steps", {Stage::KvWrite, Stage::Attention}, nullptr,
-       kv_cache_state},
+      {"kv-cache-state", "right on the first call, wrong after (decode scenarios, or bisect names kv_write); or the "
+       "target refused to read a layer's cache back",
+       "the target's KV write path for single-row (decode) steps; which layer's rows a write lands in",
+       {Stage::KvWrite, Stage::Attention}, refused_reading_the_cache, kv_cache_state},
       {"stale-operand", "a kernel right on its first call and wrong on a later call of the same shape",
        "input fifos marked resident, buffers reused across calls", {Stage::AttnNorm, Stage::MlpNorm}, nullptr,
        stale_operand},

@@ -160,20 +160,55 @@ std::vector<OpCase> embedding_cases(const OpInputs& in) {
   return {c};
 }
 
+// The layers whose own weights and cache every per-layer row runs with (on layer 0's
+// activations: the kernel and what it indexes are what is checked): the first, a middle and
+// the last, so that a kernel reading another layer's weights, norm or cache slot, or one
+// right for layer 0 alone, disagrees somewhere.
+std::vector<int64_t> gated_layers(const ModelSpec& s) {
+  std::set<int64_t> out = {0, s.n_layers / 2, s.n_layers - 1};
+  out.erase(-1);
+  return {out.begin(), out.end()};
+}
+
+// " (layer l)" for a case of a layer other than 0 (layer 0's roles read as before).
+std::string layer_suffix(int64_t l) { return l == 0 ? std::string() : fmt::format(" (layer {})", l); }
+
+// Other values for the other gated layers' cache slots (keys rotated by one row, values
+// negated), written after `layer`'s own: a kernel that writes or reads another layer's slot
+// then sees these instead of its layer's.
+struct CacheDecoys {
+  std::vector<int64_t> layers;
+  std::shared_ptr<std::vector<float>> k, v;
+  CacheDecoys(const ModelSpec& s, const std::vector<float>& keys, const std::vector<float>& values, int64_t T)
+      : layers(gated_layers(s)), k(std::make_shared<std::vector<float>>(keys)),
+        v(std::make_shared<std::vector<float>>(values)) {
+    const int64_t KV = s.kv_dim();
+    if (T > 1) std::rotate(k->begin(), k->begin() + KV, k->end());
+    for (float& x : *v) x = -x;
+  }
+  void write_others(StagedRunner& t, int64_t layer, int64_t T) const {
+    for (const int64_t m : layers)
+      if (m != layer) t.op_kv_write(m, 0, k->data(), v->data(), T);
+  }
+};
+
 std::vector<OpCase> rmsnorm_cases(const OpInputs& in) {
   const ModelSpec& s = in.model->spec();
   const int64_t T = in.T, H = s.hidden;
   std::vector<OpCase> out;
-  auto one = [&](const std::string& role, Stage which, const std::string& weight, const std::vector<float>& x,
-                 std::vector<float> ref) {
+  auto one = [&](const std::string& role, Stage which, int64_t layer, const std::string& weight,
+                 const std::vector<float>& x, std::vector<float> ref) {
     OpCase c;
     c.kernel = "rmsnorm";
     c.stage = which;
     c.tokens = T;
+    c.layer = layer;
     c.outputs.push_back(output(role, fmt::format("[{},{}]", T, H), T, H, std::move(ref)));
     auto xs = std::make_shared<std::vector<float>>(x);
     auto w = std::make_shared<std::vector<float>>(in.model->get(weight).to_f32());
-    c.run = [xs, which, T](StagedRunner& t, const std::vector<float*>& o) { t.op_rmsnorm(which, 0, xs->data(), T, o[0]); };
+    c.run = [xs, which, layer, T](StagedRunner& t, const std::vector<float*>& o) {
+      t.op_rmsnorm(which, layer, xs->data(), T, o[0]);
+    };
     const double eps = s.rms_eps;
     c.emulate = [xs, w, T, H, eps, outs = c.outputs](const oracle::Numerics& num, std::vector<std::vector<int64_t>>& cols) {
       std::vector<float> y(size_t(T * H));
@@ -182,28 +217,39 @@ std::vector<OpCase> rmsnorm_cases(const OpInputs& in) {
     };
     out.push_back(std::move(c));
   };
-  one("attn_norm", Stage::AttnNorm, layer_tensor(0, "input_layernorm.weight"), in.at("embed"), in.at("attn_norm"));
-  one("mlp_norm", Stage::MlpNorm, layer_tensor(0, "post_attention_layernorm.weight"), in.at("attn_residual"),
-      in.at("mlp_norm"));
-  std::vector<float> ref(size_t(T * H));
-  const std::vector<float> fw = in.model->get("model.norm.weight").to_f32();
-  oracle::rmsnorm(in.at("out").data(), fw.data(), ref.data(), T, H, s.rms_eps);
-  one("final_norm", Stage::FinalNorm, "model.norm.weight", in.at("out"), std::move(ref));
+  // Each gated layer's norms on layer 0's inputs, with that layer's weights.
+  auto norm_ref = [&](const std::vector<float>& x, const std::string& weight) {
+    std::vector<float> ref(size_t(T * H));
+    const std::vector<float> w = in.model->get(weight).to_f32();
+    oracle::rmsnorm(x.data(), w.data(), ref.data(), T, H, s.rms_eps);
+    return ref;
+  };
+  for (const int64_t l : gated_layers(s)) {
+    const std::string attn_w = layer_tensor(l, "input_layernorm.weight");
+    const std::string mlp_w = layer_tensor(l, "post_attention_layernorm.weight");
+    one("attn_norm" + layer_suffix(l), Stage::AttnNorm, l, attn_w, in.at("embed"),
+        l == 0 ? in.at("attn_norm") : norm_ref(in.at("embed"), attn_w));
+    one("mlp_norm" + layer_suffix(l), Stage::MlpNorm, l, mlp_w, in.at("attn_residual"),
+        l == 0 ? in.at("mlp_norm") : norm_ref(in.at("attn_residual"), mlp_w));
+  }
+  one("final_norm", Stage::FinalNorm, 0, "model.norm.weight", in.at("out"), norm_ref(in.at("out"), "model.norm.weight"));
   return out;
 }
 
 // Layer 0, then the first layer of each other combination of storage types the stage's
 // matrices have (a Q4_K_M file keeps some layers' v_proj and down_proj in Q6_K or Q8_0): a
-// case per (op, weight format) the model runs, each with its own error model.
+// case per (op, weight format) the model runs, each with its own error model; and the gated
+// layers (gated_layers).
 std::vector<int64_t> layers_per_format(const Model& m, const std::vector<std::string>& suffixes) {
-  std::vector<int64_t> out;
+  std::set<int64_t> out;
   std::set<std::vector<DType>> seen;
   for (int64_t l = 0; l < m.spec().n_layers; ++l) {
     std::vector<DType> types;
     for (const std::string& sfx : suffixes) types.push_back(m.get(layer_tensor(l, sfx.c_str())).info.dtype);
-    if (seen.insert(types).second) out.push_back(l);
+    if (seen.insert(types).second) out.insert(l);
   }
-  return out;
+  for (const int64_t l : gated_layers(m.spec())) out.insert(l);  // and the gated layers' own matrices
+  return {out.begin(), out.end()};
 }
 
 std::vector<OpCase> projection_cases(const OpInputs& in) {
@@ -265,12 +311,16 @@ std::vector<OpCase> rope_cases(const OpInputs& in) {
                  q_raw->data(), in.host_threads);
   oracle::linear(in.at("attn_norm").data(), T, m.get(layer_tensor(0, "self_attn.k_proj.weight")), kb.empty() ? nullptr : kb.data(),
                  k_raw->data(), in.host_threads);
-  auto qn = std::make_shared<std::vector<float>>(f32_or_empty(m, layer_tensor(0, "self_attn.q_norm.weight")));
-  auto kn = std::make_shared<std::vector<float>>(f32_or_empty(m, layer_tensor(0, "self_attn.k_norm.weight")));
   auto inv_freq = std::make_shared<std::vector<float>>(oracle::rope_inv_freq(s));
-  const std::string role = s.qk_norm ? "qk_norm+rope" : "rope";
   std::vector<OpCase> out;
+  // Layer 0 at the prefill and decode shapes; the other gated layers (their own q/k norms)
+  // at the decode shape, far into the context.
+  for (const int64_t layer : gated_layers(s))
   for (auto [rows, pos] : {std::pair<int64_t, int64_t>{T, 0}, {1, long_position(s, 1)}}) {
+    if (layer != 0 && rows != 1) continue;
+    auto qn = std::make_shared<std::vector<float>>(f32_or_empty(m, layer_tensor(layer, "self_attn.q_norm.weight")));
+    auto kn = std::make_shared<std::vector<float>>(f32_or_empty(m, layer_tensor(layer, "self_attn.k_norm.weight")));
+    const std::string role = (s.qk_norm ? "qk_norm+rope" : "rope") + layer_suffix(layer);
     auto qin = std::make_shared<std::vector<float>>(q_raw->end() - rows * Q, q_raw->end());
     auto kin = std::make_shared<std::vector<float>>(k_raw->end() - rows * KV, k_raw->end());
     std::vector<float> qref = *qin, kref = *kin;
@@ -284,13 +334,14 @@ std::vector<OpCase> rope_cases(const OpInputs& in) {
     c.kernel = "rope";
     c.stage = Stage::Rope;
     c.tokens = rows;
+    c.layer = layer;
     c.outputs.push_back(output(role + " q", fmt::format("[{},{}] at position {}", rows, Q, pos), rows, Q, std::move(qref)));
     c.outputs.push_back(output(role + " k", fmt::format("[{},{}] at position {}", rows, KV, pos), rows, KV, std::move(kref)));
     // rows = rows: a structured binding is captured by init-capture (clang < 16 refuses it by name).
-    c.run = [qin, kin, rows = rows, pos = pos](StagedRunner& t, const std::vector<float*>& o) {
+    c.run = [qin, kin, layer, rows = rows, pos = pos](StagedRunner& t, const std::vector<float*>& o) {
       std::copy(qin->begin(), qin->end(), o[0]);
       std::copy(kin->begin(), kin->end(), o[1]);
-      t.op_rope(0, o[0], o[1], rows, pos);
+      t.op_rope(layer, o[0], o[1], rows, pos);
     };
     const ModelSpec spec = s;
     c.emulate = [qin, kin, qn, kn, inv_freq, rows = rows, pos = pos, spec, outs = c.outputs](const oracle::Numerics& num,
@@ -312,48 +363,58 @@ std::vector<OpCase> rope_cases(const OpInputs& in) {
 std::vector<OpCase> kv_write_cases(const OpInputs& in) {
   const ModelSpec& s = in.model->spec();
   const int64_t T = in.T, KV = s.kv_dim();
-  OpCase c;
-  c.kernel = "kv_write";
-  c.stage = Stage::KvWrite;
-  c.tokens = T;
-  c.outputs.push_back(output("keys round trip", fmt::format("[{},{}]", T, KV), T, KV, in.at("k")));
-  c.outputs.push_back(output("values round trip", fmt::format("[{},{}]", T, KV), T, KV, in.at("v")));
+  std::vector<OpCase> out;
   auto k = std::make_shared<std::vector<float>>(in.at("k"));
   auto v = std::make_shared<std::vector<float>>(in.at("v"));
-  c.run = [k, v, T](StagedRunner& t, const std::vector<float*>& o) {
-    t.reset();
-    t.op_kv_write(0, 0, k->data(), v->data(), T);
-    t.kv_read(0, 0, T, o[0], o[1]);
-    t.reset();
-  };
-  c.emulate = [k, v, outs = c.outputs](const oracle::Numerics& num, std::vector<std::vector<int64_t>>& cols) {
-    std::vector<float> kk = *k, vv = *v;
-    em::round_all(num.kv_cache, kk.data(), int64_t(kk.size()));
-    em::round_all(num.kv_cache, vv.data(), int64_t(vv.size()));
-    return whole(cols, outs, {std::move(kk), std::move(vv)});
-  };
-  return {c};
+  const CacheDecoys decoys(s, in.at("k"), in.at("v"), T);
+  for (const int64_t layer : gated_layers(s)) {  // each layer's own cache slot, the others' holding decoys
+    OpCase c;
+    c.kernel = "kv_write";
+    c.stage = Stage::KvWrite;
+    c.tokens = T;
+    c.layer = layer;
+    c.outputs.push_back(output("keys round trip" + layer_suffix(layer), fmt::format("[{},{}]", T, KV), T, KV, in.at("k")));
+    c.outputs.push_back(output("values round trip" + layer_suffix(layer), fmt::format("[{},{}]", T, KV), T, KV, in.at("v")));
+    c.run = [k, v, T, layer, decoys](StagedRunner& t, const std::vector<float*>& o) {
+      t.reset();
+      t.op_kv_write(layer, 0, k->data(), v->data(), T);
+      decoys.write_others(t, layer, T);
+      t.kv_read(layer, 0, T, o[0], o[1]);
+      t.reset();
+    };
+    c.emulate = [k, v, outs = c.outputs](const oracle::Numerics& num, std::vector<std::vector<int64_t>>& cols) {
+      std::vector<float> kk = *k, vv = *v;
+      em::round_all(num.kv_cache, kk.data(), int64_t(kk.size()));
+      em::round_all(num.kv_cache, vv.data(), int64_t(vv.size()));
+      return whole(cols, outs, {std::move(kk), std::move(vv)});
+    };
+    out.push_back(std::move(c));
+  }
+  return out;
 }
 
 std::vector<OpCase> attention_cases(const OpInputs& in) {
   const ModelSpec& s = in.model->spec();
   const int64_t T = in.T, Q = s.q_dim();
   std::vector<OpCase> out;
+  const CacheDecoys decoys(s, in.at("k"), in.at("v"), T);
   // rows: the last `rows` queries, at cache rows T - rows .. T - 1, over a cache of T rows.
   auto one = [&](std::string role, std::string shape, std::vector<float> q_all, std::vector<float> k, std::vector<float> v,
-                 int64_t rows, std::vector<float> ref) {
+                 int64_t rows, std::vector<float> ref, int64_t layer) {
     OpCase c;
     c.kernel = "attention";
     c.stage = Stage::Attention;
     c.tokens = rows;
+    c.layer = layer;
     c.outputs.push_back(output(std::move(role), std::move(shape), rows, Q, std::move(ref)));
     auto q = std::make_shared<std::vector<float>>(q_all.end() - rows * Q, q_all.end());
     auto kk = std::make_shared<std::vector<float>>(std::move(k));
     auto vv = std::make_shared<std::vector<float>>(std::move(v));
-    c.run = [q, kk, vv, rows, T](StagedRunner& t, const std::vector<float*>& o) {
+    c.run = [q, kk, vv, rows, T, layer, decoys](StagedRunner& t, const std::vector<float*>& o) {
       t.reset();
-      t.op_kv_write(0, 0, kk->data(), vv->data(), T);
-      t.op_attention(0, q->data(), rows, T - rows, o[0]);
+      t.op_kv_write(layer, 0, kk->data(), vv->data(), T);
+      decoys.write_others(t, layer, T);
+      t.op_attention(layer, q->data(), rows, T - rows, o[0]);
       t.reset();
     };
     const ModelSpec spec = s;
@@ -365,16 +426,18 @@ std::vector<OpCase> attention_cases(const OpInputs& in) {
     out.push_back(std::move(c));
   };
   const std::string gqa = fmt::format("gqa {}/{}", s.n_heads, s.n_kv_heads);
-  one("prefill causal " + gqa, fmt::format("[{},{}]", T, Q), in.at("q"), in.at("k"), in.at("v"), T, in.at("attn"));
-  one("decode " + gqa, fmt::format("[1,{}] over {} cached", Q, T), in.at("q"), in.at("k"), in.at("v"), 1,
-      std::vector<float>(in.at("attn").end() - Q, in.at("attn").end()));
+  one("prefill causal " + gqa, fmt::format("[{},{}]", T, Q), in.at("q"), in.at("k"), in.at("v"), T, in.at("attn"), 0);
+  // The decode shape in every gated layer: each reads its own layer's cache.
+  for (const int64_t layer : gated_layers(s))
+    one("decode " + gqa + layer_suffix(layer), fmt::format("[1,{}] over {} cached", Q, T), in.at("q"), in.at("k"),
+        in.at("v"), 1, std::vector<float>(in.at("attn").end() - Q, in.at("attn").end()), layer);
   // The same attention with scores past exp's fp32 range: finite only if the kernel
   // subtracts the row max (the reference is the oracle's on the same bf16 inputs).
   const StressAttention st = stress_attention_inputs(s, in.at("q"), in.at("k"), in.at("v"), T, kStressScore);
   std::vector<float> ref(size_t(T * Q));
   oracle::attention(st.q.data(), T, 0, st.k.data(), st.v.data(), s, ref.data(), in.host_threads);
   one(fmt::format("prefill, largest score {:.0f}", kStressScore), fmt::format("[{},{}]", T, Q), st.q, st.k, st.v, T,
-      std::move(ref));
+      std::move(ref), 0);
   return out;
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 
 #include "pipeline/skill_support.h"
@@ -41,6 +42,13 @@ std::vector<Hypothesis> kv_cache_state(PhaseContext& ctx, const Failure&) {
                            std::vector<float>(k.begin(), k.begin() + T * KV));
   alias.evidence = "layer 0 read back after layer 1 wrote the negated rows: " + alias.evidence;
   return {h, alias};
+}
+
+bool refused_reading_the_cache(const Failure& f) {
+  if (!f.record.contains("details") || !f.record["details"].contains("refused")) return false;
+  std::string text = f.record["details"]["refused"].get<std::string>();
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  return text.find("cache") != std::string::npos && text.find("layer") != std::string::npos;
 }
 
 }  // namespace tessera

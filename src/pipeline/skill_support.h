@@ -45,6 +45,9 @@ std::set<std::string> failed_gates(const Failure& f);
 // Whether the failure is in the numbers (any failing row but the stop-set check).
 bool numbers_failed(const Failure& f);
 bool prompt_ids_failed(const Failure& f);
+// The phase failed because the target refused to read a layer's KV cache back (a row of a
+// later layer finding it empty): the kv-cache-state skill's matcher.
+bool refused_reading_the_cache(const Failure& f);
 bool stop_set_failed(const Failure& f);
 
 // The skills' experiments.
