@@ -52,7 +52,7 @@ while [ $# -gt 0 ]; do
     --json) JSON_OUT=${2:?--json needs FILE}; shift 2 ;;
     --isa) ISA=${2:?--isa needs PATH}; shift 2 ;;
     --isa=*) ISA=${1#*=}; shift ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option '$1' (see --help)" ;;
     *) [ -z "$MODEL" ] || die "more than one MODEL given ('$MODEL', '$1')"; MODEL=$1; shift ;;
   esac
@@ -157,7 +157,7 @@ done
 
 # --- 5. the table -----------------------------------------------------------------------
 CPU_NAME=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-LLAMA_FLAGS=$(grep -oE -- '-DGGML_(NATIVE|AVX[A-Z0-9_]*|AMX[A-Z0-9_]*)=(ON|OFF)' <<<"${LLAMA_CPP_CMAKE_FLAGS[*]}" | grep -E '=ON' | sed 's/-DGGML_//; s/=ON//' | tr '\n' ' ')
+LLAMA_FLAGS=$(grep -oE -- '-DGGML_(NATIVE|AVX[A-Z0-9_]*|AMX[A-Z0-9_]*|FMA|F16C|BMI2)=(ON|OFF)' <<<"${LLAMA_CPP_CMAKE_FLAGS[*]}" | grep -E '=ON' | sed 's/-DGGML_//; s/=ON//' | tr '\n' ' ')
 python3 - "$WORK" "$MODEL" "$GGUF" "$THREADS" "$LLAMA_CPP_PYTHON_VERSION" "$TESSERA_STATUS" "$JSON_OUT" "$ROUNDS" \
   "$CPU_NAME" "$ISA" "$LLAMA_FLAGS" <<'PY'
 import json, os, sys
