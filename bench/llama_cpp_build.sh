@@ -34,27 +34,26 @@ LLAMA_CPP_CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML
 # AVX-VNNI, no AMX) in a build directory of its own: the peer of tessera with its kernels
 # forced to the AVX2 path (TESSERA_ISA=AVX2), so that both sides of a comparison run the
 # instructions an AVX2-only CPU (an AMD EPYC before Zen 4, most laptops) has.
-if [ "${LLAMA_CPP_ISA:-native}" = avx2 ]; then
+# An explicit instruction set instead of GGML_NATIVE, in a build directory of its own
+# ($1): AVX2, FMA, F16C, BMI2; AVX-512 (with VBMI, VNNI, BF16) and AVX-VNNI ON or OFF ($2);
+# AMX off.
+_llama_cpp_explicit_isa() {
   LLAMA_CPP_CMAKE_FLAGS=("${LLAMA_CPP_CMAKE_FLAGS[@]/-DGGML_NATIVE=ON/-DGGML_NATIVE=OFF}"
                          -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
-                         -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF
-                         -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF
+                         "-DGGML_AVX512=$2" "-DGGML_AVX512_VBMI=$2" "-DGGML_AVX512_VNNI=$2"
+                         "-DGGML_AVX512_BF16=$2" "-DGGML_AVX_VNNI=$2"
                          -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
-  LLAMA_CPP_BUILD=$LLAMA_CPP_BUILD-avx2
+  LLAMA_CPP_BUILD=$LLAMA_CPP_BUILD-$1
   LLAMA_CPP_BIN=$LLAMA_CPP_BUILD/bin
   LLAMA_CPP_LOG=$LLAMA_CPP_BUILD.log
+}
+if [ "${LLAMA_CPP_ISA:-native}" = avx2 ]; then
+  _llama_cpp_explicit_isa avx2 OFF
 elif [ "${LLAMA_CPP_ISA:-native}" != native ]; then
   echo "llama_cpp_build: error: LLAMA_CPP_ISA must be native or avx2, got '$LLAMA_CPP_ISA'" >&2
   return 1 2>/dev/null || exit 1
 elif grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
-  LLAMA_CPP_CMAKE_FLAGS=("${LLAMA_CPP_CMAKE_FLAGS[@]/-DGGML_NATIVE=ON/-DGGML_NATIVE=OFF}"
-                         -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
-                         -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON
-                         -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON
-                         -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
-  LLAMA_CPP_BUILD=$LLAMA_CPP_BUILD-noamx
-  LLAMA_CPP_BIN=$LLAMA_CPP_BUILD/bin
-  LLAMA_CPP_LOG=$LLAMA_CPP_BUILD.log
+  _llama_cpp_explicit_isa noamx ON
 fi
 
 _llama_cpp_say() { echo "llama_cpp_build: $*" >&2; }
