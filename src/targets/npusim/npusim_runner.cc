@@ -177,9 +177,11 @@ oracle::Numerics NpuSimRunner::numerics(Stage s, int64_t T, int64_t) const {
   if (exact) n.weights = Precision::F32;
   const Placement p = where(s, T);
   if (p == Placement::Host) {
-    n.name = "npusim host (fp32)";
+    n.name = "npusim host (fp32, cpu " + cpu::isa() + ")";
     n.kv_cache = Precision::BF16;
-    if (exact) n.matmul_inputs = Precision::F32;  // the host upcasts the blocks (oracle::linear)
+    // bf16 matrices run on the cpu kernels (kernel_linears), which round x to bf16 only on
+    // their AVX-512 BF16 and AMX paths; the host upcasts blocks exactly (oracle::linear).
+    if (exact || !cpu::matmul_rounds_activations_to_bf16()) n.matmul_inputs = Precision::F32;
     return n;
   }
   // On the array (npusim/numerics.h): bf16 in and out of every tile, fp32 accumulators,
