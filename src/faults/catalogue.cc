@@ -66,7 +66,7 @@ const std::vector<FaultInfo>& porting_faults() {
        "SiLU x mul silently computed by the oracle's kernel instead of the target's: every gate passes, only the "
        "per-op counters show it"},
       {"nondeterministic", "lm_head", 7,
-       "the least likely token's logit moves by a different tiny step on every call: too little for any gate, but "
+       "the least likely token's logit moves by a different few units in the last place on every call: too little for any gate, but "
        "two identical runs differ"},
   };
   return faults;
