@@ -864,7 +864,7 @@ template <DType kType>
 HWY_INLINE void ChunkDotsBytes(const uint8_t* tile, int j, int v0, int v1, const int8_t* hi, const int8_t* lo,
                                VI32* dots) {
   constexpr int kSpan = MaddubsSpan<kType>();
-  const __m256i w_hi = _mm256_set1_epi16(254), w_lo = _mm256_set1_epi16(1);
+  const __m256i w_hi = _mm256_set1_epi16(Q8Row::kLoSteps), w_lo = _mm256_set1_epi16(1);
   __m256i sum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};  // weight rows 0-7, 8-15
   for (int v = v0; v < v1; v += kSpan) {
     __m256i acc_hi[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
@@ -946,6 +946,9 @@ __attribute__((optimize("fp-contract=off"))) HWY_NOINLINE void GemmX16T(const Q8
   const DF df;
   const size_t NF = hn::Lanes(df), F = 16 / NF;
   const int rt = RowsPerPass(64 / hn::Lanes(DI16()));
+  // One pass of rows (a decode GEMV) reads the tiles directly and prefetches them; more rows
+  // share one unpacking of each chunk.
+  const bool one_pass = R <= rt;
   const int64_t blocks = K / L.values;
   alignas(64) int16_t wq[8 * 64];
   alignas(64) float acc_buf[kMaxGemvRows][2][kTileRows];  // per row: the sum, the min term's sum
@@ -963,18 +966,18 @@ __attribute__((optimize("fp-contract=off"))) HWY_NOINLINE void GemmX16T(const Q8
     constexpr int64_t kAhead = (2048 + L.bytes - 1) / L.bytes;
     const uint8_t* end = tiles + (g1 * blocks) * L.bytes;
     for (int64_t b = 0; b < blocks; ++b, tile += L.bytes) {
-      if (R <= rt)
+      if (one_pass)
         for (int64_t off = 0; off < L.bytes && tile + kAhead * L.bytes + off < end; off += 64)
           hwy::Prefetch(tile + kAhead * L.bytes + off);
       VF d[kMaxParts / 2];
       for (size_t f = 0; f < F; ++f) d[f] = HalfF32(tile + 2 * f * NF);
       for (int j = 0; j < kChunks; ++j) {
         const int64_t xb = b * kChunks + j;  // x's 32-value block
-        // One pass of rows reads the tile directly; more share one unpacking.
-        const bool one_pass = R <= rt;
         if (!one_pass) UnpackChunk<kType>(tile, j, wq);
         const UnpackedValues unpacked{wq};
         const TileValues<kType> direct{tile, j};
+        const int16_t* at[kMaxGemvRows];  // each row's terms of this chunk
+        for (int t = 0; t < R; ++t) at[t] = a[t] + xb * 32;
         for (int h = 0; h < (kHalves ? 2 : 1); ++h) {
           VF scale[kMaxParts / 2];
           for (size_t f = 0; f < F; ++f) {
@@ -984,8 +987,6 @@ __attribute__((optimize("fp-contract=off"))) HWY_NOINLINE void GemmX16T(const Q8
               scale[f] = hn::Mul(d[f], BytesF32(reinterpret_cast<const int8_t*>(tile + L.sc + (2 * j + h) * 16 + f * NF)));
           }
           const int v0 = kHalves ? 4 * h : 0, v1 = kHalves ? v0 + 4 : 8;
-          const int16_t* at[kMaxGemvRows];
-          for (int t = 0; t < R; ++t) at[t] = a[t] + xb * 32;
           if (one_pass) {
             switch (R) {
               case 4: ChunkRows<kType, 4>(direct, v0, v1, at, x, xb, h, scale, acc); break;
@@ -1035,14 +1036,14 @@ void CombineTerms(const int8_t* hi, const int8_t* lo, int64_t n, int16_t* a) {
   const int64_t N = int64_t(hn::Lanes(d16));
   int64_t i = 0;
   for (; i + N <= n; i += N)
-    hn::StoreU(hn::Add(hn::Mul(hn::PromoteTo(d16, hn::LoadU(d8, hi + i)), hn::Set(d16, int16_t(254))),
+    hn::StoreU(hn::Add(hn::Mul(hn::PromoteTo(d16, hn::LoadU(d8, hi + i)), hn::Set(d16, int16_t(Q8Row::kLoSteps))),
                        hn::PromoteTo(d16, hn::LoadU(d8, lo + i))),
                d16, a + i);
-  for (; i < n; ++i) a[i] = int16_t(hi[i] * 254 + lo[i]);
+  for (; i < n; ++i) a[i] = int16_t(hi[i] * Q8Row::kLoSteps + lo[i]);
 }
 #else
 void CombineTerms(const int8_t* hi, const int8_t* lo, int64_t n, int16_t* a) {
-  for (int64_t i = 0; i < n; ++i) a[i] = int16_t(hi[i] * 254 + lo[i]);
+  for (int64_t i = 0; i < n; ++i) a[i] = int16_t(hi[i] * Q8Row::kLoSteps + lo[i]);
 }
 #endif  // HWY_TARGET != HWY_SCALAR
 

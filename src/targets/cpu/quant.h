@@ -94,7 +94,8 @@ void x16_rows_bf16(DType t, const uint8_t* tiles, int64_t cols, int64_t r0, int6
 // costs max|x| / 254 and an output NMSE of about 1e-4, more than the gates allow a GEMV.
 // (The oracle's Precision::Q8x2_32 states the same rounding independently.)
 struct Q8Row {
-  static constexpr float kLoScale = 254.0f;
+  static constexpr int32_t kLoSteps = 254;  // lo's steps per unit of hi
+  static constexpr float kLoScale = float(kLoSteps);
   std::vector<float> d;                  // per block
   std::vector<float> dsum;               // per block: d * block_sum (what a per-row min multiplies)
   std::vector<int32_t> sum_hi, sum_lo;   // per 16 values: the sums of hi and of lo
@@ -107,9 +108,9 @@ struct Q8Row {
   void resize(int64_t cols);
   // Value k's two terms as one integer, 254 hi + lo (|.| <= 32385, an int16): one
   // integer product per weight carries both terms' (x / d * 254, exactly as quantized).
-  int32_t term(int64_t k) const { return int32_t(hi[size_t(k)]) * 254 + lo[size_t(k)]; }
+  int32_t term(int64_t k) const { return int32_t(hi[size_t(k)]) * kLoSteps + lo[size_t(k)]; }
   // The sum of term() over 16-value group i.
-  int32_t term_sum(int64_t i) const { return sum_hi[size_t(i)] * 254 + sum_lo[size_t(i)]; }
+  int32_t term_sum(int64_t i) const { return sum_hi[size_t(i)] * kLoSteps + sum_lo[size_t(i)]; }
   // A chunk's integer dot of weights with term() (exact in int32: |dot| < 32 * 255 * 32385 +
   // 128 * 32 * 32385 < 2^31) as the fp32 dot with x / d: one rounding to fp32, one product.
   static float dot_value(int32_t dot) { return float(dot) * (1.0f / kLoScale); }
